@@ -1,0 +1,228 @@
+"""The env-rank loop: step the vector env with the local policy and fill rollout segments.
+
+This is imperative shell around pure pieces: normalization maths (`envs.normalization`),
+the jitted policy (`actor.policy`) and the segment layout (`buffers.segment_queue`).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+from gymnasium.vector import AutoresetMode
+
+from agentenv_jax.actor.policy import ActorPolicy
+from agentenv_jax.buffers.segment_queue import ACTOR_TIMERS, SegmentQueue
+from agentenv_jax.envs import normalization as norm
+from agentenv_jax.envs.factory import EnvSpaces, autoreset_mode
+from agentenv_jax.transport.base import ActorChannel
+from agentenv_jax.transport.spec import MessageSpec
+
+
+def _stats_from_flat(flat: np.ndarray, dim: int) -> norm.RunningStats:
+    return norm.RunningStats(float(flat[0]), flat[1 : 1 + dim], flat[1 + dim :])
+
+
+def _stats_to_flat(stats: norm.RunningStats, out: np.ndarray) -> None:
+    dim = stats.mean.shape[0]
+    out[0] = stats.count
+    out[1 : 1 + dim] = stats.mean
+    out[1 + dim :] = stats.m2
+
+
+class Actor:
+    """One env rank's collector of on-policy segments.
+
+    Synchronous protocol (PPO): wait for a parameter version newer than the one that filled the
+    previous segment, fill one segment of `T` vector steps with it, queue it, offer it to the
+    transport. `run_once` returns False once the learner asks this rank to stop.
+    """
+
+    def __init__(
+        self,
+        vector_env: gym.vector.VectorEnv,
+        spaces: EnvSpaces,
+        policy: ActorPolicy,
+        channel: ActorChannel,
+        segment_spec: MessageSpec,
+        param_spec: MessageSpec,
+        *,
+        seed: int,
+        env_offset: int,
+        rollout_length: int,
+        gamma: float,
+        normalize_obs: bool,
+        normalize_reward: bool,
+        clip_obs: float,
+        clip_reward: float,
+        max_inflight_segments: int,
+        timeout_s: float,
+    ):
+        self._env = vector_env
+        self._spaces = spaces
+        self._policy = policy
+        self._channel = channel
+        self._segment_spec = segment_spec
+        self._param_spec = param_spec
+        self._queue = SegmentQueue(segment_spec, capacity=max_inflight_segments + 1)
+        self._num_envs = vector_env.num_envs
+        self._rollout_length = rollout_length
+        self._gamma = gamma
+        self._normalize_obs = normalize_obs
+        self._normalize_reward = normalize_reward
+        self._clip_obs = clip_obs
+        self._clip_reward = clip_reward
+        self._timeout_s = timeout_s
+        self._next_step_mode = autoreset_mode(vector_env) == AutoresetMode.NEXT_STEP
+        if spaces.action_kind == "continuous":
+            self._action_low = np.asarray(spaces.action_low, dtype=np.float32)
+            self._action_high = np.asarray(spaces.action_high, dtype=np.float32)
+
+        # Env j (global index) is seeded seed * 1_000_003 + j, whatever the topology.
+        self._obs, _ = vector_env.reset(seed=seed * 1_000_003 + env_offset)
+        self._obs = np.asarray(self._obs, dtype=np.float32)
+        self._pending_reset = np.zeros(self._num_envs, dtype=bool)  # NEXT_STEP padding rows
+        self._episode_return = np.zeros(self._num_envs, dtype=np.float64)
+        self._episode_length = np.zeros(self._num_envs, dtype=np.int64)
+        self._discounted_return = np.zeros(self._num_envs, dtype=np.float64)
+        self._obs_stats = norm.empty_stats(spaces.obs_dim)
+        self._return_stats = norm.empty_stats(1)
+        self._version = -1
+        self._step = 0
+        self._sequence = 0
+        self.produced = 0
+        self.sent_segments = 0
+        self.stopped = False
+
+    @property
+    def queue_depth(self) -> int:
+        return self._queue.depth
+
+    def _load_params(self, message: np.ndarray) -> None:
+        fields = self._param_spec.views(message)
+        self._version = int(fields["version"][0])
+        self._policy.set_params(fields["params"])
+        self._obs_stats = _stats_from_flat(fields["obs_stats"].copy(), self._spaces.obs_dim)
+        self._return_stats = _stats_from_flat(fields["return_stats"].copy(), 1)
+
+    def _observe(self, raw_obs: np.ndarray) -> np.ndarray:
+        if not self._normalize_obs:
+            return raw_obs
+        flat = raw_obs.reshape(raw_obs.shape[0], -1)
+        return norm.normalize(flat, self._obs_stats, self._clip_obs).reshape(raw_obs.shape)
+
+    def run_once(self) -> bool:
+        """Wait for new parameters, then fill and queue one segment; False once told to stop."""
+        started = time.perf_counter()
+        message = self._channel.wait_params(self._queue, self._timeout_s)
+        if message is None:
+            self.stopped = True
+            return False
+        self._load_params(message)
+        transport_s = time.perf_counter() - started
+        buffer = self._queue.acquire()
+        fields = self._segment_spec.views(buffer)
+        env_s, inference_s = self._fill_segment(fields)
+        started = time.perf_counter()
+        self._queue.push(buffer)
+        self._channel.pump(self._queue)
+        transport_s += time.perf_counter() - started
+        timers = {"env_step_s": env_s, "inference_s": inference_s, "transport_wait_s": transport_s}
+        fields["actor_seconds"][:] = [timers[name] for name in ACTOR_TIMERS]
+        return True
+
+    def _fill_segment(self, fields: dict[str, np.ndarray]) -> tuple[float, float]:
+        env_s = inference_s = 0.0
+        segment_obs: list[np.ndarray] = []
+        segment_returns: list[np.ndarray] = []
+        fields["episode_return"][...] = np.nan
+        fields["episode_length"][...] = 0
+        fields["bootstrap_value"][...] = 0.0
+        fields["policy_version"][...] = self._version
+        for t in range(self._rollout_length):
+            valid = ~self._pending_reset
+            obs_in = self._observe(self._obs)
+            tick = time.perf_counter()
+            action, log_prob, value = self._policy.act(obs_in, self._step)
+            self._step += 1
+            env_action = action
+            if self._spaces.action_kind == "continuous":
+                env_action = np.clip(action, self._action_low, self._action_high)
+            tock = time.perf_counter()
+            next_obs, reward, terminated, truncated, info = self._env.step(env_action)
+            env_s += time.perf_counter() - tock
+            inference_s += tock - tick
+            next_obs = np.asarray(next_obs, dtype=np.float32)
+            reward = np.asarray(reward, dtype=np.float64)
+            terminated = np.asarray(terminated, dtype=bool) & valid
+            truncated = np.asarray(truncated, dtype=bool) & valid & ~terminated
+            ended = terminated | truncated
+
+            if self._normalize_obs and valid.any():
+                segment_obs.append(self._obs[valid].reshape(int(valid.sum()), -1))
+            self._discounted_return = self._discounted_return * self._gamma + reward
+            if self._normalize_reward and valid.any():
+                segment_returns.append(self._discounted_return[valid][:, None])
+            scaled_reward = reward
+            if self._normalize_reward:
+                scaled_reward = norm.scale(reward[:, None], self._return_stats,
+                                           self._clip_reward)[:, 0]
+
+            self._episode_return += np.where(valid, reward, 0.0)
+            self._episode_length += valid
+            fields["obs"][t] = obs_in
+            fields["action"][t] = action
+            fields["reward"][t] = np.where(valid, scaled_reward, 0.0)
+            fields["log_prob"][t] = log_prob
+            fields["value"][t] = value
+            fields["terminated"][t] = terminated
+            fields["truncated"][t] = truncated
+            fields["valid"][t] = valid
+            if ended.any():
+                fields["episode_return"][t, ended] = self._episode_return[ended]
+                fields["episode_length"][t, ended] = self._episode_length[ended]
+                self._episode_return[ended] = 0.0
+                self._episode_length[ended] = 0
+                self._discounted_return[ended] = 0.0
+            if truncated.any():
+                tick = time.perf_counter()
+                fields["bootstrap_value"][t] = np.where(
+                    truncated, self._policy.value(self._observe(self._final_obs(
+                        next_obs, truncated, info))), 0.0)
+                inference_s += time.perf_counter() - tick
+            self.produced += int(valid.sum())
+            if self._next_step_mode:
+                self._pending_reset = ended
+            self._obs = next_obs
+
+        tick = time.perf_counter()
+        fields["last_value"][:] = self._policy.value(self._observe(self._obs))
+        inference_s += time.perf_counter() - tick
+        _stats_to_flat(norm.stats_of(np.concatenate(segment_obs)) if segment_obs
+                       else norm.empty_stats(self._spaces.obs_dim), fields["obs_stats"])
+        _stats_to_flat(norm.stats_of(np.concatenate(segment_returns)) if segment_returns
+                       else norm.empty_stats(1), fields["return_stats"])
+        fields["sequence"][0] = self._sequence
+        self._sequence += 1
+        return env_s, inference_s
+
+    def _final_obs(self, next_obs: np.ndarray, truncated: np.ndarray, info: dict) -> np.ndarray:
+        """The observation each truncated env ended on (SAME_STEP envs return the reset one)."""
+        if self._next_step_mode:
+            return next_obs
+        final = next_obs.copy()
+        for i in np.flatnonzero(truncated & info.get("_final_obs", truncated)):
+            final[i] = np.asarray(info["final_obs"][i], dtype=np.float32)
+        return final
+
+    def finish(self) -> dict[str, Any]:
+        """Send what is in flight, report this rank's accounting, close the envs."""
+        self._channel.flush(self._queue, self._timeout_s)
+        unsent = self._queue.discard_ready()
+        report = {"produced": self.produced, "sent": self._queue.sent_transitions,
+                  "unsent": unsent, "segments": self._sequence}
+        self._channel.send_final_report(report)
+        self._env.close()
+        return report

@@ -1,0 +1,239 @@
+"""PPO: loss pieces and the whole update step as pure, jit-able functions.
+
+The update takes one synchronous rollout `[T, B]` gathered from every env rank, computes GAE, and
+runs `num_epochs` passes of `num_minibatches` clipped-surrogate gradient steps. Sharding is the
+caller's business: the learner jits `update` with the batch axis sharded over its device mesh and
+passes `constrain_rows`, which pins each minibatch's rows to that axis.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from typing import Any
+
+import flax.struct
+import jax
+import jax.numpy as jnp
+import optax
+
+from agentenv_jax.algorithms.returns import compute_gae, next_state_values
+from agentenv_jax.networks.distributions import ActionDistribution
+
+Params = Any
+Batch = dict[str, jax.Array]
+
+
+@flax.struct.dataclass
+class TrainState:
+    """Everything the learner updates: one pytree, so a checkpoint is one call."""
+
+    params: Params
+    opt_state: optax.OptState
+    update_count: jax.Array  # int32 scalar, completed updates
+    key: jax.Array  # PRNG key for minibatch shuffling
+
+
+@dataclasses.dataclass(frozen=True)
+class PPOHyperparams:
+    """The static settings the update closes over (see `PPOConfig` for their meaning)."""
+
+    num_epochs: int
+    num_minibatches: int
+    gamma: float
+    gae_lambda: float
+    clip_eps: float
+    anneal_clip: bool
+    value_clip_eps: float | None
+    vf_coef: float
+    ent_coef: float
+    normalize_advantages: bool
+    num_updates: int  # total updates in the run, for annealing
+
+
+def masked_mean(x: jax.Array, mask: jax.Array) -> jax.Array:
+    """Mean of `x` over entries where `mask` is 1; 0 when the mask is empty."""
+    mask = mask.astype(x.dtype)
+    return jnp.sum(x * mask) / jnp.maximum(jnp.sum(mask), 1.0)
+
+
+def standardize(x: jax.Array, mask: jax.Array, eps: float = 1e-8) -> jax.Array:
+    """`(x - mean) / (std + eps)` with statistics over the masked entries."""
+    mean = masked_mean(x, mask)
+    std = jnp.sqrt(masked_mean((x - mean) ** 2, mask))
+    return (x - mean) / (std + eps)
+
+
+def clipped_surrogate_loss(
+    log_ratio: jax.Array, advantages: jax.Array, clip_eps: float | jax.Array, mask: jax.Array
+) -> tuple[jax.Array, jax.Array]:
+    """PPO's clipped policy loss `-E[min(r A, clip(r, 1-eps, 1+eps) A)]` and the clip fraction.
+
+    Args:
+      log_ratio: `[N]` log pi(a|s) - log mu(a|s).
+      advantages: `[N]`.
+      clip_eps: the clipping epsilon.
+      mask: `[N]` 1 for transitions that count.
+    """
+    ratio = jnp.exp(log_ratio)
+    unclipped = ratio * advantages
+    clipped = jnp.clip(ratio, 1.0 - clip_eps, 1.0 + clip_eps) * advantages
+    loss = -masked_mean(jnp.minimum(unclipped, clipped), mask)
+    clip_fraction = masked_mean((jnp.abs(ratio - 1.0) > clip_eps).astype(jnp.float32), mask)
+    return loss, clip_fraction
+
+
+def value_loss(
+    values: jax.Array,
+    old_values: jax.Array,
+    returns: jax.Array,
+    value_clip_eps: float | None,
+    mask: jax.Array,
+) -> jax.Array:
+    """`0.5 * E[(V - R)^2]`, or with `value_clip_eps` the pessimistic clipped variant."""
+    squared = (values - returns) ** 2
+    if value_clip_eps is not None:
+        clipped_values = old_values + jnp.clip(values - old_values, -value_clip_eps, value_clip_eps)
+        squared = jnp.maximum(squared, (clipped_values - returns) ** 2)
+    return 0.5 * masked_mean(squared, mask)
+
+
+def approx_kl(log_ratio: jax.Array, mask: jax.Array) -> jax.Array:
+    """The low-variance KL(mu || pi) estimator `E[(r - 1) - log r]` (Schulman, 2020)."""
+    return masked_mean(jnp.expm1(log_ratio) - log_ratio, mask)
+
+
+def make_ppo_loss(
+    apply_fn: Callable[[Params, jax.Array], tuple[jax.Array, jax.Array]],
+    distribution: ActionDistribution,
+    hp: PPOHyperparams,
+) -> Callable[[Params, Batch, jax.Array], tuple[jax.Array, dict[str, jax.Array]]]:
+    """The PPO loss of one minibatch of flat transitions.
+
+    The minibatch holds `obs [N, ...]`, `action [N, ...]`, `log_prob [N]`, `value [N]`,
+    `advantage [N]`, `return [N]` and `valid [N]` (0 for padding rows some vector envs emit on
+    auto-reset).
+    """
+
+    def loss_fn(params: Params, mb: Batch, clip_eps: jax.Array):
+        head, values = apply_fn(params, mb["obs"])
+        new_log_prob = distribution.log_prob(head, mb["action"])
+        log_ratio = new_log_prob - mb["log_prob"]
+        advantages = mb["advantage"]
+        if hp.normalize_advantages:
+            advantages = standardize(advantages, mb["valid"])
+        policy_loss, clip_fraction = clipped_surrogate_loss(
+            log_ratio, advantages, clip_eps, mb["valid"]
+        )
+        v_loss = value_loss(values, mb["value"], mb["return"], hp.value_clip_eps, mb["valid"])
+        entropy = masked_mean(distribution.entropy(head), mb["valid"])
+        total = policy_loss + hp.vf_coef * v_loss - hp.ent_coef * entropy
+        metrics = {
+            "loss/total": total,
+            "loss/policy": policy_loss,
+            "loss/value": v_loss,
+            "loss/entropy": entropy,
+            "approx_kl": approx_kl(log_ratio, mb["valid"]),
+            "clip_fraction": clip_fraction,
+        }
+        return total, metrics
+
+    return loss_fn
+
+
+def make_ppo_update(
+    apply_fn: Callable[[Params, jax.Array], tuple[jax.Array, jax.Array]],
+    distribution: ActionDistribution,
+    optimizer: optax.GradientTransformation,
+    hp: PPOHyperparams,
+    constrain_rows: Callable[[jax.Array], jax.Array] = lambda x: x,
+) -> Callable[[TrainState, Batch], tuple[TrainState, dict[str, jax.Array]]]:
+    """Return `update(state, rollout) -> (state, metrics)`, one PPO update.
+
+    `rollout` is time-major: `obs [T, B, ...]`, `action [T, B, ...]`, `reward`, `log_prob`,
+    `value`, `bootstrap_value` (float32 `[T, B]`), `terminated`, `truncated`, `valid`
+    (`[T, B]`, any numeric dtype) and `last_value [B]`. `constrain_rows` is applied to every
+    array whose leading axis is the transition axis (identity on one device; on a mesh, a
+    sharding constraint along the batch axis).
+    """
+    loss_fn = make_ppo_loss(apply_fn, distribution, hp)
+    grad_fn = jax.grad(loss_fn, has_aux=True)
+
+    def update(state: TrainState, rollout: Batch) -> tuple[TrainState, dict[str, jax.Array]]:
+        terminated = rollout["terminated"].astype(bool)
+        truncated = rollout["truncated"].astype(bool)
+        next_values = next_state_values(
+            rollout["value"], rollout["last_value"], terminated, truncated,
+            rollout["bootstrap_value"],
+        )
+        advantages, returns = compute_gae(
+            rollout["reward"], rollout["value"], next_values, terminated | truncated,
+            hp.gamma, hp.gae_lambda,
+        )
+        flat = {
+            "obs": rollout["obs"],
+            "action": rollout["action"],
+            "log_prob": rollout["log_prob"],
+            "value": rollout["value"],
+            "advantage": advantages,
+            "return": returns,
+            "valid": rollout["valid"].astype(jnp.float32),
+        }
+        num_rows = rollout["reward"].shape[0] * rollout["reward"].shape[1]
+        flat = {k: constrain_rows(v.reshape((num_rows,) + v.shape[2:])) for k, v in flat.items()}
+        minibatch_size = num_rows // hp.num_minibatches
+
+        progress = state.update_count.astype(jnp.float32) / hp.num_updates
+        clip_eps = hp.clip_eps * (1.0 - progress) if hp.anneal_clip else jnp.float32(hp.clip_eps)
+
+        def epoch(carry, key):
+            params, opt_state = carry
+            order = jax.random.permutation(key, num_rows)[: minibatch_size * hp.num_minibatches]
+            minibatches = {
+                k: v[order].reshape((hp.num_minibatches, minibatch_size) + v.shape[1:])
+                for k, v in flat.items()
+            }
+
+            def step(carry, mb):
+                params, opt_state = carry
+                mb = {k: constrain_rows(v) for k, v in mb.items()}
+                grads, metrics = grad_fn(params, mb, clip_eps)
+                updates, opt_state = optimizer.update(grads, opt_state, params)
+                params = optax.apply_updates(params, updates)
+                metrics["grad_norm"] = optax.global_norm(grads)
+                return (params, opt_state), metrics
+
+            return jax.lax.scan(step, (params, opt_state), minibatches)
+
+        key, epoch_key = jax.random.split(state.key)
+        (params, opt_state), metrics = jax.lax.scan(
+            epoch, (state.params, state.opt_state), jax.random.split(epoch_key, hp.num_epochs)
+        )
+        metrics = jax.tree.map(jnp.mean, metrics)
+        valid = flat["valid"]
+        metrics["value_target_mean"] = masked_mean(flat["return"], valid)
+        metrics["explained_variance"] = 1.0 - masked_mean(
+            (flat["return"] - flat["value"]) ** 2, valid
+        ) / jnp.maximum(masked_mean((flat["return"] - masked_mean(flat["return"], valid)) ** 2,
+                                    valid), 1e-8)
+        metrics["clip_eps"] = clip_eps
+        new_state = TrainState(
+            params=params, opt_state=opt_state, update_count=state.update_count + 1, key=key
+        )
+        return new_state, metrics
+
+    return update
+
+
+def make_optimizer(
+    learning_rate: float, anneal: bool, total_gradient_steps: int, max_grad_norm: float,
+    adam_eps: float,
+) -> optax.GradientTransformation:
+    """Adam with global-norm clipping, and a linear decay to 0 when `anneal`."""
+    schedule = (
+        optax.linear_schedule(learning_rate, 0.0, max(total_gradient_steps, 1))
+        if anneal else learning_rate
+    )
+    return optax.chain(
+        optax.clip_by_global_norm(max_grad_norm), optax.adam(schedule, eps=adam_eps)
+    )

@@ -1,0 +1,100 @@
+"""The on-policy buffer partition of one env rank: a queue of fixed-layout rollout segments.
+
+A segment is `T` vector steps of the rank's `E` envs, written in place into a preallocated
+message buffer (see `on_policy_segment_spec`). Segments wait here until the transport holds a
+credit for them, so an env rank never blocks on a send; the queue depth is a metric.
+"""
+
+from __future__ import annotations
+
+import collections
+
+import numpy as np
+
+from agentenv_jax.envs.factory import EnvSpaces
+from agentenv_jax.transport.spec import FieldSpec, MessageSpec
+
+ACTOR_TIMERS = ("env_step_s", "inference_s", "transport_wait_s")
+
+
+def on_policy_segment_spec(spaces: EnvSpaces, rollout_length: int, local_num_envs: int
+                           ) -> MessageSpec:
+    """The layout of one segment: time-major `[T, E]` transitions plus per-segment statistics.
+
+    Per transition: normalized `obs`, `action`, (scaled) `reward`, `terminated`, `truncated`,
+    `valid` (0 on the auto-reset steps of NEXT_STEP vector envs), behaviour `log_prob` and `value`,
+    `bootstrap_value` (V(final obs) where truncated), the `policy_version` that acted, and the
+    raw `episode_return`/`episode_length` of episodes that ended there (NaN/0 elsewhere).
+    Per segment: `last_value [E]`, the raw-observation and discounted-return statistics of this
+    segment (to merge into the global normalizers), the actor's timers and a sequence number.
+    """
+    t, e = rollout_length, local_num_envs
+    action_dtype = np.int32 if spaces.action_kind == "discrete" else np.float32
+    d = spaces.obs_dim
+    return MessageSpec([
+        FieldSpec("obs", (t, e, *spaces.obs_shape), np.float32),
+        FieldSpec("action", (t, e, *spaces.action_shape), action_dtype),
+        FieldSpec("reward", (t, e), np.float32),
+        FieldSpec("log_prob", (t, e), np.float32),
+        FieldSpec("value", (t, e), np.float32),
+        FieldSpec("bootstrap_value", (t, e), np.float32),
+        FieldSpec("episode_return", (t, e), np.float32),
+        FieldSpec("episode_length", (t, e), np.int32),
+        FieldSpec("policy_version", (t, e), np.int64),
+        FieldSpec("terminated", (t, e), np.uint8),
+        FieldSpec("truncated", (t, e), np.uint8),
+        FieldSpec("valid", (t, e), np.uint8),
+        FieldSpec("last_value", (e,), np.float32),
+        FieldSpec("obs_stats", (1 + 2 * d,), np.float64),  # count, mean [D], m2 [D]
+        FieldSpec("return_stats", (3,), np.float64),  # count, mean, m2
+        FieldSpec("actor_seconds", (len(ACTOR_TIMERS),), np.float64),
+        FieldSpec("sequence", (1,), np.int64),
+    ])
+
+
+class SegmentQueue:
+    """A fixed pool of segment buffers: free -> being written -> ready -> in flight -> free."""
+
+    def __init__(self, spec: MessageSpec, capacity: int):
+        self.spec = spec
+        self._free = collections.deque(spec.allocate() for _ in range(capacity))
+        self._ready: collections.deque[np.ndarray] = collections.deque()
+        self.sent_transitions = 0  # valid transitions in segments handed to the transport
+
+    def acquire(self) -> np.ndarray:
+        """A free buffer to write a segment into."""
+        if not self._free:
+            raise RuntimeError("segment queue is full: no free buffer (flow control broken)")
+        return self._free.popleft()
+
+    def push(self, buffer: np.ndarray) -> None:
+        """A written segment, ready to send."""
+        self._ready.append(buffer)
+
+    def pop_ready(self) -> np.ndarray:
+        """The oldest ready segment, which the transport is about to send."""
+        buffer = self._ready.popleft()
+        self.sent_transitions += int(self.spec.views(buffer)["valid"].sum())
+        return buffer
+
+    def discard_ready(self) -> int:
+        """Drop every unsent segment (shutdown); returns the valid transitions they held."""
+        dropped = 0
+        while self._ready:
+            buffer = self._ready.popleft()
+            dropped += int(self.spec.views(buffer)["valid"].sum())
+            self._free.append(buffer)
+        return dropped
+
+    def release(self, buffer: np.ndarray) -> None:
+        """A buffer whose send completed."""
+        self._free.append(buffer)
+
+    @property
+    def depth(self) -> int:
+        """Segments ready but not yet sent (waiting for a credit)."""
+        return len(self._ready)
+
+    @property
+    def has_free(self) -> bool:
+        return bool(self._free)

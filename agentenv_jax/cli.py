@@ -1,0 +1,76 @@
+"""The `agentenv` command line: train, show a resolved config, print the config reference."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from agentenv_jax.config.errors import ConfigError
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="agentenv",
+        description="Distributed actor-critic RL with JAX and MPI. Runs in one process, or one "
+                    "role per rank under mpiexec/srun.",
+    )
+    commands = parser.add_subparsers(dest="command", required=True)
+    train = commands.add_parser("train", help="train an agent from an experiment file")
+    train.add_argument("config", nargs="?", help="experiment YAML (default: built-in defaults)")
+    train.add_argument("--set", dest="overrides", action="append", default=[],
+                       metavar="KEY=VALUE", help="override a config value, e.g. "
+                       "--set algorithm.learning_rate=3e-4 (repeatable)")
+    show = commands.add_parser("show-config", help="print the resolved config as YAML")
+    show.add_argument("config", nargs="?")
+    show.add_argument("--set", dest="overrides", action="append", default=[],
+                      metavar="KEY=VALUE")
+    commands.add_parser("config-reference", help="print the config reference (Markdown)")
+    return parser
+
+
+def _is_lead_rank() -> bool:
+    import os
+
+    for name in ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK"):
+        if name in os.environ:
+            return os.environ[name] == "0"
+    return True
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    if args.command == "config-reference":
+        from agentenv_jax.config.reference import config_reference
+
+        print(config_reference())
+        return 0
+
+    from agentenv_jax.config.loading import config_to_dict, load_config
+    from agentenv_jax.envs.factory import EnvError
+    from agentenv_jax.launch import StartupError, abort_on_unexpected_error, train
+    from agentenv_jax.parallel.mesh import MeshError
+    from agentenv_jax.transport.base import TransportError
+
+    try:
+        config = load_config(args.config, args.overrides)
+        if args.command == "show-config":
+            import yaml
+
+            print(yaml.safe_dump(config_to_dict(config), sort_keys=False), end="")
+            return 0
+        train(config)
+    except (ConfigError, EnvError, MeshError, StartupError) as err:
+        # Every rank sees the same error; one message is enough.
+        if _is_lead_rank():
+            print(f"agentenv: error: {err}", file=sys.stderr, flush=True)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+    except (TransportError, Exception) as err:
+        abort_on_unexpected_error(err)
+        raise
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,195 @@
+"""Build an `ExperimentConfig` from YAML and `key=value` overrides, with strict type checking.
+
+Unknown keys are errors with a did-you-mean; values are checked against the schema's type hints
+(no silent coercion of strings to numbers, or of numbers to booleans); ranges are checked by each
+section's `validate`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import re
+import types
+import typing
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from agentenv_jax.config.errors import ConfigError
+from agentenv_jax.config.schema import ExperimentConfig
+
+
+def _did_you_mean(word: str, choices: Sequence[str]) -> str:
+    close = difflib.get_close_matches(word, list(choices), n=1, cutoff=0.6)
+    return f" (did you mean {close[0]!r}?)" if close else ""
+
+
+def _type_name(tp: Any) -> str:
+    if isinstance(tp, type):
+        return {"int": "an integer", "float": "a number", "bool": "true or false",
+                "str": "a string"}.get(tp.__name__, tp.__name__)
+    return str(tp).replace("typing.", "")
+
+
+_SCIENTIFIC = re.compile(r"^[-+]?(\d+\.?\d*|\.\d+)[eE][-+]?\d+$")
+
+
+def _convert(value: Any, tp: Any, path: str) -> Any:
+    """Check `value` against the type hint `tp`, converting only lossless cases (int -> float)."""
+    if tp in (int, float) and isinstance(value, str) and _SCIENTIFIC.match(value.strip()):
+        value = float(value)  # PyYAML (YAML 1.1) reads 1e5 and 3e-4 as strings
+    origin = typing.get_origin(tp)
+    args = typing.get_args(tp)
+    if tp is Any:
+        return value
+    if origin in (typing.Union, types.UnionType):
+        if value is None and type(None) in args:
+            return None
+        options = [a for a in args if a is not type(None)]
+        errors = []
+        for option in options:
+            try:
+                return _convert(value, option, path)
+            except ConfigError as err:
+                errors.append(str(err))
+        allowed = " or ".join(_type_name(o) for o in options)
+        if type(None) in args:
+            allowed = "null or " + allowed
+        raise ConfigError(f"{path} = {value!r} is not allowed: expected {allowed}")
+    if origin is typing.Literal:
+        if value in args and isinstance(value, str):
+            return value
+        raise ConfigError(
+            f"{path} = {value!r} is not allowed: expected one of {', '.join(map(repr, args))}"
+            + (_did_you_mean(value, args) if isinstance(value, str) else "")
+        )
+    if origin is tuple:
+        if not isinstance(value, list | tuple):
+            raise ConfigError(f"{path} = {value!r} is not allowed: expected a list")
+        item_type = args[0]
+        return tuple(_convert(v, item_type, f"{path}[{i}]") for i, v in enumerate(value))
+    if origin is dict:
+        if not isinstance(value, Mapping):
+            raise ConfigError(f"{path} = {value!r} is not allowed: expected a mapping")
+        return dict(value)
+    if dataclasses.is_dataclass(tp):
+        if not isinstance(value, Mapping):
+            raise ConfigError(f"{path} = {value!r} is not allowed: expected a mapping of fields")
+        return _build(tp, value, path)
+    if tp is bool:
+        if isinstance(value, bool):
+            return value
+    elif tp is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+        if isinstance(value, float) and value.is_integer() and abs(value) < 2**53:
+            return int(value)  # YAML reads 1e5 as a float; accept it when it is whole
+    elif tp is float:
+        if isinstance(value, int | float) and not isinstance(value, bool):
+            return float(value)
+    elif tp is str:
+        if isinstance(value, str):
+            return value
+    else:
+        raise TypeError(f"unsupported type hint {tp!r} at {path}")
+    raise ConfigError(f"{path} = {value!r} is not allowed: expected {_type_name(tp)}")
+
+
+def _build(cls: type, raw: Mapping[str, Any], path: str) -> Any:
+    hints = typing.get_type_hints(cls)
+    names = [f.name for f in dataclasses.fields(cls)]
+    for key in raw:
+        if key not in names:
+            where = f"{path}.{key}" if path else str(key)
+            raise ConfigError(f"unknown key {where!r}{_did_you_mean(str(key), names)}; "
+                              f"allowed keys{' in ' + path if path else ''}: {', '.join(names)}")
+    kwargs = {}
+    for name in names:
+        if name in raw:
+            kwargs[name] = _convert(raw[name], hints[name], f"{path}.{name}" if path else name)
+    return cls(**kwargs)
+
+
+def config_from_dict(raw: Mapping[str, Any] | None) -> ExperimentConfig:
+    """Build and validate an `ExperimentConfig`; raises `ConfigError` naming the bad field."""
+    config = _build(ExperimentConfig, raw or {}, "")
+    config.validate()
+    return config
+
+
+def _parse_override(text: str) -> tuple[list[str], Any]:
+    if "=" not in text:
+        raise ConfigError(f"override {text!r} is not allowed: expected key.path=value")
+    key, raw_value = text.split("=", 1)
+    key = key.strip()
+    if not key or any(not part for part in key.split(".")):
+        raise ConfigError(f"override {text!r} is not allowed: expected key.path=value")
+    try:
+        value = yaml.safe_load(raw_value) if raw_value.strip() else ""
+    except yaml.YAMLError as err:
+        raise ConfigError(f"override {text!r}: the value is not valid YAML ({err})") from None
+    return key.split("."), value
+
+
+def apply_overrides(raw: Mapping[str, Any], overrides: Sequence[str]) -> dict[str, Any]:
+    """Return a copy of the raw config mapping with dotted `key=value` overrides applied.
+
+    Values are parsed as YAML scalars or lists (`lr=3e-4`, `net.actor_hidden=[32,32]`); the keys
+    are checked when the result is built, so a misspelt key gets the same did-you-mean.
+    """
+    result: dict[str, Any] = _deep_copy(raw)
+    for text in overrides:
+        keys, value = _parse_override(text)
+        node = result
+        for depth, key in enumerate(keys[:-1]):
+            child = node.get(key)
+            if child is None:
+                child = node[key] = {}
+            elif not isinstance(child, dict):
+                raise ConfigError(f"override {text!r}: {'.'.join(keys[: depth + 1])} is not a "
+                                  "section, so it has no sub-keys")
+            node = child
+        node[keys[-1]] = value
+    return result
+
+
+def _deep_copy(raw: Mapping[str, Any]) -> dict[str, Any]:
+    return {k: _deep_copy(v) if isinstance(v, Mapping) else v for k, v in raw.items()}
+
+
+def load_config(path: str | Path | None, overrides: Sequence[str] = ()) -> ExperimentConfig:
+    """Read a YAML experiment file (or the defaults when `path` is None) and apply overrides."""
+    raw: Any = {}
+    if path is not None:
+        path = Path(path)
+        if not path.is_file():
+            raise ConfigError(f"config file {str(path)!r} does not exist")
+        try:
+            raw = yaml.safe_load(path.read_text()) or {}
+        except yaml.YAMLError as err:
+            raise ConfigError(f"config file {str(path)!r} is not valid YAML: {err}") from None
+        if not isinstance(raw, Mapping):
+            raise ConfigError(f"config file {str(path)!r} must hold a mapping of sections, "
+                              f"not {type(raw).__name__}")
+    return config_from_dict(apply_overrides(raw, overrides))
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, tuple | list):
+        return [_plain(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    return value
+
+
+def config_to_dict(config: ExperimentConfig) -> dict[str, Any]:
+    """The config as plain YAML-friendly data (tuples become lists)."""
+    return _plain(dataclasses.asdict(config))
+
+
+def save_config(config: ExperimentConfig, path: str | Path) -> None:
+    """Write the resolved config; `load_config(path)` reads it back to an equal config."""
+    Path(path).write_text(yaml.safe_dump(config_to_dict(config), sort_keys=False))

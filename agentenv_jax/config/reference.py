@@ -1,0 +1,50 @@
+"""The config reference, generated from the schema's own field comments (one source of truth)."""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import re
+
+from agentenv_jax.config.schema import ExperimentConfig
+
+_FIELD_LINE = re.compile(r"^\s+(\w+):\s*[^=]+?=\s*.+?#\s*(.+)$")
+
+
+def _comments(cls: type) -> dict[str, str]:
+    found = {}
+    for line in inspect.getsource(cls).splitlines():
+        match = _FIELD_LINE.match(line)
+        if match:
+            found[match.group(1)] = match.group(2).strip()
+    return found
+
+
+def _default(field: dataclasses.Field) -> str:
+    if field.default_factory is not dataclasses.MISSING:
+        value = field.default_factory()
+    else:
+        value = field.default
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return str(value).lower()
+    if isinstance(value, tuple):
+        return "[" + ", ".join(map(str, value)) + "]"
+    return str(value) if not isinstance(value, str) else f'"{value}"'
+
+
+def config_reference() -> str:
+    """Markdown tables of every section and field, with defaults and meaning."""
+    parts = []
+    for section in dataclasses.fields(ExperimentConfig):
+        cls = section.default_factory().__class__
+        doc = (cls.__doc__ or "").strip().splitlines()[0]
+        parts.append(f"### `{section.name}` — {doc}\n")
+        parts.append("| key | default | meaning |\n|---|---|---|")
+        comments = _comments(cls)
+        for field in dataclasses.fields(cls):
+            parts.append(f"| `{section.name}.{field.name}` | `{_default(field)}` | "
+                         f"{comments.get(field.name, '')} |")
+        parts.append("")
+    return "\n".join(parts)

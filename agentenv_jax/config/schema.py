@@ -1,0 +1,173 @@
+"""The one typed, frozen configuration schema of an agentenv_jax experiment.
+
+Every field is documented once, here, in the comment beside it; the README's config reference is
+generated from these comments (`agentenv config-reference`). Experiment YAML files and `--set`
+overrides are validated against these dataclasses by `agentenv_jax.config.loading`.
+
+Values derived from the configuration and the world size (roles, per-rank env counts) live in
+`agentenv_jax.transport.topology.Topology` and are never written back here.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from agentenv_jax.config.errors import ConfigError
+
+VectorizationMode = Literal["sync", "async", "native"]
+Activation = Literal["tanh", "relu", "gelu"]
+Schedule = Literal["constant", "linear"]
+AlgorithmName = Literal["ppo"]
+
+
+def _require(condition: bool, field_path: str, value: Any, allowed: str) -> None:
+    if not condition:
+        raise ConfigError(f"{field_path} = {value!r} is not allowed: expected {allowed}")
+
+
+@dataclass(frozen=True)
+class EnvConfig:
+    """Which environment to run and how it is vectorized on each env rank."""
+
+    id: str = "CartPole-v1"  # Gymnasium id, or "package.module:factory" returning a gymnasium.Env
+    kwargs: dict[str, Any] = field(default_factory=dict)  # keyword arguments for gym.make / factory
+    global_num_envs: int = 8  # environments across all env ranks, split as evenly as possible
+    vectorization: VectorizationMode = "sync"  # gymnasium vector env: sync, async or native
+    max_episode_steps: int | None = None  # override the env's time limit (None keeps its own)
+    normalize_obs: bool = False  # running mean/std observation normalization, merged over ranks
+    normalize_reward: bool = False  # scale rewards by the std of the discounted return
+    clip_obs: float = 10.0  # clip normalized observations to [-clip_obs, clip_obs]
+    clip_reward: float = 10.0  # clip scaled rewards to [-clip_reward, clip_reward]
+
+    def validate(self, prefix: str) -> None:
+        _require(bool(self.id.strip()), f"{prefix}.id", self.id, "a Gymnasium id or module:factory")
+        _require(self.global_num_envs >= 1, f"{prefix}.global_num_envs", self.global_num_envs,
+                 "an integer >= 1")
+        _require(self.max_episode_steps is None or self.max_episode_steps >= 1,
+                 f"{prefix}.max_episode_steps", self.max_episode_steps, "null or an integer >= 1")
+        _require(self.clip_obs > 0, f"{prefix}.clip_obs", self.clip_obs, "a number > 0")
+        _require(self.clip_reward > 0, f"{prefix}.clip_reward", self.clip_reward, "a number > 0")
+
+
+@dataclass(frozen=True)
+class NetworkConfig:
+    """The actor-critic MLP: separate actor and critic torsos."""
+
+    actor_hidden: tuple[int, ...] = (64, 64)  # hidden layer widths of the policy network
+    critic_hidden: tuple[int, ...] = (64, 64)  # hidden layer widths of the value network
+    activation: Activation = "tanh"  # hidden-layer nonlinearity
+    log_std_init: float = 0.0  # initial log standard deviation of Gaussian (Box) action heads
+
+    def validate(self, prefix: str) -> None:
+        for name in ("actor_hidden", "critic_hidden"):
+            widths = getattr(self, name)
+            _require(len(widths) >= 1 and all(w >= 1 for w in widths), f"{prefix}.{name}", widths,
+                     "a non-empty list of positive layer widths")
+
+
+@dataclass(frozen=True)
+class PPOConfig:
+    """Proximal Policy Optimization with GAE (synchronous: policy lag 0)."""
+
+    name: AlgorithmName = "ppo"  # algorithm family
+    rollout_length: int = 32  # env steps per env per update (T); batch = T * global_num_envs
+    num_epochs: int = 20  # passes over each batch
+    num_minibatches: int = 1  # minibatches per epoch
+    gamma: float = 0.98  # discount factor
+    gae_lambda: float = 0.8  # GAE lambda
+    clip_eps: float = 0.2  # PPO ratio clipping epsilon
+    clip_schedule: Schedule = "constant"  # anneal clip_eps linearly to 0 over training, or not
+    value_clip_eps: float | None = None  # clip value updates like the policy (None: no clipping)
+    vf_coef: float = 0.5  # weight of the value loss
+    ent_coef: float = 0.0  # weight of the entropy bonus
+    max_grad_norm: float = 0.5  # global gradient-norm clip
+    learning_rate: float = 1e-3  # Adam learning rate (initial value when annealed)
+    lr_schedule: Schedule = "linear"  # constant, or linear decay to 0 over training
+    adam_eps: float = 1e-5  # Adam epsilon
+    normalize_advantages: bool = True  # standardize advantages per minibatch
+
+    def validate(self, prefix: str) -> None:
+        checks = [
+            ("rollout_length", self.rollout_length >= 1, "an integer >= 1"),
+            ("num_epochs", self.num_epochs >= 1, "an integer >= 1"),
+            ("num_minibatches", self.num_minibatches >= 1, "an integer >= 1"),
+            ("gamma", 0.0 <= self.gamma <= 1.0, "a number in [0, 1]"),
+            ("gae_lambda", 0.0 <= self.gae_lambda <= 1.0, "a number in [0, 1]"),
+            ("clip_eps", self.clip_eps > 0.0, "a number > 0"),
+            ("vf_coef", self.vf_coef >= 0.0, "a number >= 0"),
+            ("ent_coef", self.ent_coef >= 0.0, "a number >= 0"),
+            ("max_grad_norm", self.max_grad_norm > 0.0, "a number > 0"),
+            ("learning_rate", self.learning_rate > 0.0, "a number > 0"),
+            ("adam_eps", self.adam_eps > 0.0, "a number > 0"),
+        ]
+        for name, ok, allowed in checks:
+            _require(ok, f"{prefix}.{name}", getattr(self, name), allowed)
+        _require(self.value_clip_eps is None or self.value_clip_eps > 0.0,
+                 f"{prefix}.value_clip_eps", self.value_clip_eps, "null or a number > 0")
+
+
+@dataclass(frozen=True)
+class TopologyConfig:
+    """How MPI ranks are split into roles; the env-rank count is the rest of the world."""
+
+    num_learner_ranks: int = 1  # learner processes (ranks 0..L-1); currently exactly 1
+    learner_devices: int = 0  # local JAX devices in the learner mesh (0: all local devices)
+    max_inflight_segments: int = 2  # credits: segments an env rank may have in flight
+    xla_threads_on_env_ranks: int = 1  # XLA CPU threads on env ranks (inference is small)
+
+    def validate(self, prefix: str) -> None:
+        _require(self.num_learner_ranks == 1, f"{prefix}.num_learner_ranks",
+                 self.num_learner_ranks, "1 (one learner process driving all its local devices)")
+        _require(self.learner_devices >= 0, f"{prefix}.learner_devices", self.learner_devices,
+                 "0 (all local devices) or a positive device count")
+        _require(self.max_inflight_segments >= 1, f"{prefix}.max_inflight_segments",
+                 self.max_inflight_segments, "an integer >= 1")
+        _require(self.xla_threads_on_env_ranks >= 1, f"{prefix}.xla_threads_on_env_ranks",
+                 self.xla_threads_on_env_ranks, "an integer >= 1")
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """Budget, seed, outputs and logging."""
+
+    seed: int = 0  # master seed; each rank folds in its rank
+    total_env_steps: int = 100_000  # stop after training on this many transitions
+    stop_at_return: float | None = None  # also stop once the episode-return mean reaches this
+    return_window: int = 20  # episodes in the moving mean reported as episode_return_mean
+    run_dir: str = "runs"  # parent folder of run directories
+    name: str | None = None  # run directory name (None: <env>-<algorithm>-<timestamp>)
+    progress: bool = True  # live progress line on the lead rank
+    progress_interval_s: float = 5.0  # seconds between progress lines when not on a terminal
+    transport_timeout_s: float = 120.0  # give up when a peer sends nothing for this long
+
+    def validate(self, prefix: str) -> None:
+        _require(self.total_env_steps >= 1, f"{prefix}.total_env_steps", self.total_env_steps,
+                 "an integer >= 1")
+        _require(self.return_window >= 1, f"{prefix}.return_window", self.return_window,
+                 "an integer >= 1")
+        _require(self.progress_interval_s > 0, f"{prefix}.progress_interval_s",
+                 self.progress_interval_s, "a number > 0")
+        _require(self.transport_timeout_s > 0, f"{prefix}.transport_timeout_s",
+                 self.transport_timeout_s, "a number > 0")
+        _require(self.name is None or ("/" not in self.name and self.name.strip() != ""),
+                 f"{prefix}.name", self.name, "null or a folder name without '/'")
+
+
+@dataclass(frozen=True)
+class ExperimentConfig:
+    """A whole experiment: what one YAML file in experiments/ describes."""
+
+    env: EnvConfig = field(default_factory=EnvConfig)
+    network: NetworkConfig = field(default_factory=NetworkConfig)
+    algorithm: PPOConfig = field(default_factory=PPOConfig)
+    topology: TopologyConfig = field(default_factory=TopologyConfig)
+    run: RunConfig = field(default_factory=RunConfig)
+
+    def validate(self) -> None:
+        for name in ("env", "network", "algorithm", "topology", "run"):
+            getattr(self, name).validate(name)
+        rows = self.algorithm.rollout_length * self.env.global_num_envs
+        _require(rows % self.algorithm.num_minibatches == 0, "algorithm.num_minibatches",
+                 self.algorithm.num_minibatches,
+                 f"a divisor of rollout_length * env.global_num_envs = {rows}")

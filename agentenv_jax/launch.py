@@ -1,0 +1,314 @@
+"""Run an experiment: pick the transport, agree on the experience spec, drive the loops.
+
+`train(config)` is the one entry point for the CLI, notebooks and tests. Without an MPI launcher
+it runs one learner and one env rank in this process over the in-process transport; under
+`mpiexec`/`srun` each rank plays its role over MPI. Both run the same `Actor` and `Learner`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import sys
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+from agentenv_jax.config.errors import ConfigError
+from agentenv_jax.config.loading import config_to_dict, save_config
+from agentenv_jax.config.schema import ExperimentConfig
+from agentenv_jax.transport.topology import Topology, make_topology
+
+# Environment variables that MPI launchers (MPICH/Hydra, Intel MPI, Slurm PMI, Open MPI, PMIx,
+# MVAPICH) set in every process they start. Without one, no MPI is initialized at all.
+_LAUNCHER_VARIABLES = ("PMI_SIZE", "PMI_RANK", "OMPI_COMM_WORLD_SIZE", "PMIX_RANK",
+                       "MV2_COMM_WORLD_SIZE")
+
+
+class StartupError(RuntimeError):
+    """A rank could not start (bad env, device count, ...); every rank raises the same message."""
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainResult:
+    """What a finished run leaves for its caller (lead rank; other ranks get `run_dir` None)."""
+
+    run_dir: Path | None
+    updates: int
+    env_steps: int
+    episode_return_mean: float
+    wall_s: float
+    accounting: dict[str, Any] | None
+    params: Any = None  # final parameters (host pytree) on the learner
+
+
+def launched_by_mpi() -> bool:
+    return os.environ.get("AGENTENV_TRANSPORT") == "mpi" or any(
+        v in os.environ for v in _LAUNCHER_VARIABLES)
+
+
+def _limit_xla_threads(threads: int) -> None:
+    # Read when the XLA backend starts (first computation), so this must run before any.
+    flags = os.environ.get("XLA_FLAGS", "")
+    if "intra_op_parallelism_threads" not in flags:
+        extra = "--xla_cpu_multi_thread_eigen=false" if threads == 1 else ""
+        os.environ["XLA_FLAGS"] = f"{flags} {extra} intra_op_parallelism_threads={threads}".strip()
+
+
+def _run_dir(config: ExperimentConfig) -> Path:
+    name = config.run.name or (
+        f"{config.env.id.replace(':', '_').replace('/', '_')}-{config.algorithm.name}-"
+        f"{time.strftime('%Y%m%d-%H%M%S')}"
+    )
+    path = Path(config.run.run_dir) / name
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def _prepare_env_rank(config: ExperimentConfig, topology: Topology):
+    from agentenv_jax.envs.factory import describe_spaces, make_vector_env
+
+    index = topology.env_rank_index
+    vector_env = make_vector_env(config.env, topology.local_num_envs[index])
+    try:
+        spaces = describe_spaces(config.env.id, vector_env.single_observation_space,
+                                 vector_env.single_action_space)
+    except Exception:
+        vector_env.close()
+        raise
+    return vector_env, spaces
+
+
+def _learner_devices(config: ExperimentConfig) -> int:
+    import jax
+
+    from agentenv_jax.learner.loop import minibatch_size
+    from agentenv_jax.parallel.mesh import choose_num_devices
+
+    return choose_num_devices(config.topology.learner_devices, len(jax.local_devices()),
+                              [config.env.global_num_envs, minibatch_size(config)])
+
+
+def _build_actor(config, topology, vector_env, spaces, channel, segment_spec, param_spec):
+    import jax
+
+    from agentenv_jax.actor.loop import Actor
+    from agentenv_jax.actor.policy import ActorPolicy
+    from agentenv_jax.networks import action_distribution, init_params, make_actor_critic
+
+    module, apply_fn = make_actor_critic(
+        spaces.action_kind, spaces.action_size, len(spaces.obs_shape),
+        config.network.actor_hidden, config.network.critic_hidden, config.network.activation,
+        config.network.log_std_init)
+    unravel = jax.flatten_util.ravel_pytree(
+        init_params(module, spaces.obs_shape, jax.random.PRNGKey(0)))[1]
+    rank_key = jax.random.fold_in(jax.random.PRNGKey(config.run.seed), 1 + topology.rank)
+    policy = ActorPolicy(apply_fn, unravel, action_distribution(spaces.action_kind), rank_key)
+    index = topology.env_rank_index
+    return Actor(
+        vector_env, spaces, policy, channel, segment_spec, param_spec,
+        seed=config.run.seed, env_offset=topology.env_offsets[index],
+        rollout_length=config.algorithm.rollout_length, gamma=config.algorithm.gamma,
+        normalize_obs=config.env.normalize_obs, normalize_reward=config.env.normalize_reward,
+        clip_obs=config.env.clip_obs, clip_reward=config.env.clip_reward,
+        max_inflight_segments=config.topology.max_inflight_segments,
+        timeout_s=config.run.transport_timeout_s,
+    )
+
+
+def _specs(config: ExperimentConfig, topology: Topology, spaces):
+    import jax
+
+    from agentenv_jax.buffers.segment_queue import on_policy_segment_spec
+    from agentenv_jax.networks import init_params, make_actor_critic
+    from agentenv_jax.transport.messages import param_message_spec
+
+    module, _ = make_actor_critic(
+        spaces.action_kind, spaces.action_size, len(spaces.obs_shape),
+        config.network.actor_hidden, config.network.critic_hidden, config.network.activation,
+        config.network.log_std_init)
+    num_params = jax.eval_shape(
+        lambda: jax.flatten_util.ravel_pytree(
+            init_params(module, spaces.obs_shape, jax.random.PRNGKey(0)))[0]).shape[0]
+    segment_specs = [on_policy_segment_spec(spaces, config.algorithm.rollout_length, n)
+                     for n in topology.local_num_envs]
+    return segment_specs, param_message_spec(num_params, spaces.obs_dim)
+
+
+def _learner_outputs(config: ExperimentConfig):
+    from agentenv_jax.learner.loop import num_updates
+    from agentenv_jax.metrics.logger import MetricsWriter, ProgressLine
+
+    run_dir = _run_dir(config)
+    save_config(config, run_dir / "config.yaml")
+    writer = MetricsWriter(run_dir / "metrics.jsonl")
+    progress = ProgressLine(num_updates(config), config.run.progress,
+                            config.run.progress_interval_s)
+    return run_dir, writer, progress
+
+
+def _summarize(run_dir: Path, learner, wall_s: float, topology: Topology) -> TrainResult:
+    accounting = learner.accounting.as_dict()
+    summary = {
+        "run_dir": str(run_dir),
+        "topology": f"{topology.num_learner_ranks} learner + {topology.num_env_ranks} env "
+                    f"rank(s), {topology.global_num_envs} envs, "
+                    f"{len(learner.mesh.devices.flat)} learner device(s)",
+        "updates": learner.updates,
+        "env_steps": learner.trained,
+        "episodes": learner.episodes,
+        "episode_return_mean": learner.episode_return_mean,
+        "wall_s": wall_s,
+        "steps_per_s": learner.trained / max(wall_s, 1e-9),
+        "accounting": accounting,
+    }
+    (run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    if learner.config.run.progress:
+        print(format_summary(summary), file=sys.stderr, flush=True)
+    return TrainResult(run_dir, learner.updates, learner.trained, learner.episode_return_mean,
+                       wall_s, accounting, learner.params())
+
+
+def format_summary(summary: dict[str, Any]) -> str:
+    acc = summary["accounting"]
+    ok = "reconciles" if acc["reconciles"] else "DOES NOT RECONCILE"
+    lines = [
+        "─" * 72,
+        f" run        {summary['run_dir']}",
+        f" topology   {summary['topology']}",
+        f" updates    {summary['updates']}   env steps {summary['env_steps']:,}   "
+        f"episodes {summary['episodes']:,}",
+        f" return     {summary['episode_return_mean']:.2f} (mean of the last episodes)",
+        f" time       {summary['wall_s']:.1f} s   {summary['steps_per_s']:,.0f} env steps/s",
+        f" experience produced {acc['produced']:,} = sent {acc['sent']:,} + unsent "
+        f"{acc['unsent']:,}",
+        f"            received {acc['received']:,} = trained {acc['trained']:,} + late "
+        f"{acc['late']:,}   ({ok})",
+        "─" * 72,
+    ]
+    return "\n".join(lines)
+
+
+def run_single_process(config: ExperimentConfig) -> TrainResult:
+    """One learner and one env rank in this process, interleaved over the in-process transport."""
+    from agentenv_jax.learner.loop import Learner
+    from agentenv_jax.transport.inprocess import InProcessTransport
+
+    topology = make_topology(config, world_size=1, rank=0)
+    vector_env, spaces = _prepare_env_rank(config, topology)
+    try:
+        num_devices = _learner_devices(config)
+    except Exception:
+        vector_env.close()
+        raise
+    segment_specs, param_spec = _specs(config, topology, spaces)
+    transport = InProcessTransport(config.topology.max_inflight_segments)
+    actor = _build_actor(config, topology, vector_env, spaces, transport.actor,
+                         segment_specs[0], param_spec)
+    run_dir, writer, progress = _learner_outputs(config)
+    started = time.perf_counter()
+    try:
+        learner = Learner(config, spaces, transport.learner, segment_specs, param_spec,
+                          num_devices, writer, progress)
+        learner.start()
+        while not learner.done:
+            actor.run_once()
+            learner.run_once()
+        learner.request_stop()
+        actor.run_once()
+        actor.finish()
+        learner.finish()
+    finally:
+        writer.close()
+    return _summarize(run_dir, learner, time.perf_counter() - started, topology)
+
+
+def run_mpi(config: ExperimentConfig) -> TrainResult:
+    """This rank's part of an MPI job (learner or env rank)."""
+    from agentenv_jax.transport.mpi import MPIActorChannel, MPILearnerChannel, MPIWorld
+
+    world = MPIWorld()
+    if world.size == 1:
+        return run_single_process(config)
+    topology = make_topology(config, world.size, world.rank)
+    if topology.is_env_rank:
+        _limit_xla_threads(config.topology.xla_threads_on_env_ranks)
+
+    # Start-up agreement: every rank reports whether its role could start; if any could not,
+    # every rank raises the same error, so no rank is left waiting for a peer.
+    vector_env = spaces = None
+    error = None
+    try:
+        if topology.is_env_rank:
+            vector_env, spaces = _prepare_env_rank(config, topology)
+        else:
+            num_devices = _learner_devices(config)
+    except (ConfigError, ValueError) as err:
+        error = f"{err}"
+    except Exception as err:  # an env constructor can raise anything
+        error = f"{type(err).__name__}: {err}"
+    outcomes = world.allgather((error, spaces))
+    failures = [(rank, e) for rank, (e, _) in enumerate(outcomes) if e is not None]
+    if failures:
+        if vector_env is not None:
+            vector_env.close()
+        rank, message = failures[0]
+        raise StartupError(f"rank {rank}: {message}")
+    spaces = outcomes[topology.num_learner_ranks][1]
+    segment_specs, param_spec = _specs(config, topology, spaces)
+
+    started = time.perf_counter()
+    if topology.is_learner:
+        from agentenv_jax.learner.loop import Learner
+
+        channel = MPILearnerChannel(
+            world.comm, [topology.env_rank_of(i) for i in range(topology.num_env_ranks)],
+            [spec.nbytes for spec in segment_specs], config.topology.max_inflight_segments,
+            param_spec.nbytes)
+        run_dir, writer, progress = _learner_outputs(config)
+        try:
+            learner = Learner(config, spaces, channel, segment_specs, param_spec, num_devices,
+                              writer, progress)
+            learner.start()
+            while not learner.done:
+                learner.run_once()
+            learner.request_stop()
+            learner.finish()
+        finally:
+            writer.close()
+        return _summarize(run_dir, learner, time.perf_counter() - started, topology)
+
+    channel = MPIActorChannel(world.comm, learner_rank=0, param_nbytes=param_spec.nbytes)
+    actor = _build_actor(config, topology, vector_env, spaces, channel,
+                         segment_specs[topology.env_rank_index], param_spec)
+    while actor.run_once():
+        pass
+    report = actor.finish()
+    return TrainResult(None, 0, report["produced"], float("nan"),
+                       time.perf_counter() - started, None)
+
+
+def train(config: ExperimentConfig) -> TrainResult:
+    """Train as configured: over MPI when started by a launcher, else in this one process."""
+    if launched_by_mpi():
+        return run_mpi(config)
+    return run_single_process(config)
+
+
+def abort_on_unexpected_error(exc: BaseException) -> None:
+    """Under MPI, an unexpected error on one rank must not leave the others waiting: print it
+    with the rank and abort the whole job."""
+    if not launched_by_mpi():
+        return
+    from agentenv_jax.transport.mpi import MPIWorld
+
+    world = MPIWorld()
+    if world.size > 1:
+        text = "".join(traceback.format_exception(exc))
+        print(f"[rank {world.rank}] {text}", file=sys.stderr, flush=True)
+        world.abort(1)
+
+
+__all__ = ["StartupError", "TrainResult", "config_to_dict", "train"]

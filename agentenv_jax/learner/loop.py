@@ -1,0 +1,241 @@
+"""The learner loop: gather a round of segments, run the sharded PPO update, broadcast parameters.
+
+The maths is in `algorithms.ppo`; data placement in `parallel.mesh`; this module wires them to a
+`LearnerChannel`, keeps the global normalizer statistics, and writes metrics.
+"""
+
+from __future__ import annotations
+
+import collections
+import math
+import time
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.flatten_util import ravel_pytree
+
+from agentenv_jax.algorithms.ppo import (
+    PPOHyperparams,
+    TrainState,
+    make_optimizer,
+    make_ppo_update,
+)
+from agentenv_jax.buffers.segment_queue import ACTOR_TIMERS
+from agentenv_jax.config.schema import ExperimentConfig
+from agentenv_jax.envs import normalization as norm
+from agentenv_jax.envs.factory import EnvSpaces
+from agentenv_jax.metrics.accounting import Accounting, reconcile
+from agentenv_jax.metrics.logger import MetricsWriter, ProgressLine
+from agentenv_jax.networks import action_distribution, init_params, make_actor_critic
+from agentenv_jax.parallel.mesh import (
+    env_axis_sharding,
+    make_mesh,
+    replicated,
+    row_constraint,
+)
+from agentenv_jax.transport.base import LearnerChannel
+from agentenv_jax.transport.spec import MessageSpec
+
+# Fields of a segment that form the `[T, B, ...]` rollout the update consumes.
+ROLLOUT_FIELDS = ("obs", "action", "reward", "log_prob", "value", "bootstrap_value",
+                  "terminated", "truncated", "valid")
+
+
+def num_updates(config: ExperimentConfig) -> int:
+    """Updates in a run: enough synchronous rollouts to cover `run.total_env_steps`."""
+    per_update = config.algorithm.rollout_length * config.env.global_num_envs
+    return math.ceil(config.run.total_env_steps / per_update)
+
+
+def minibatch_size(config: ExperimentConfig) -> int:
+    rows = config.algorithm.rollout_length * config.env.global_num_envs
+    return rows // config.algorithm.num_minibatches
+
+
+def _merge_flat_stats(total: norm.RunningStats, flat: np.ndarray) -> norm.RunningStats:
+    dim = total.mean.shape[0]
+    delta = norm.RunningStats(float(flat[0]), flat[1 : 1 + dim], flat[1 + dim :])
+    return norm.merge_stats(total, delta)
+
+
+def _flat_stats(stats: norm.RunningStats) -> np.ndarray:
+    return np.concatenate([[stats.count], stats.mean, stats.m2])
+
+
+class Learner:
+    """Owns the train state on a device mesh; drives synchronous PPO over a `LearnerChannel`."""
+
+    def __init__(
+        self,
+        config: ExperimentConfig,
+        spaces: EnvSpaces,
+        channel: LearnerChannel,
+        segment_specs: list[MessageSpec],
+        param_spec: MessageSpec,
+        num_devices: int,
+        writer: MetricsWriter | None,
+        progress: ProgressLine | None,
+    ):
+        self.config = config
+        self._channel = channel
+        self._segment_specs = segment_specs
+        self._param_spec = param_spec
+        self._writer = writer
+        self._progress = progress
+        algo = config.algorithm
+        self.num_updates = num_updates(config)
+
+        module, apply_fn = make_actor_critic(
+            spaces.action_kind, spaces.action_size, len(spaces.obs_shape),
+            config.network.actor_hidden, config.network.critic_hidden,
+            config.network.activation, config.network.log_std_init,
+        )
+        init_key, train_key = jax.random.split(jax.random.PRNGKey(config.run.seed))
+        params = init_params(module, spaces.obs_shape, init_key)
+        self._unravel = ravel_pytree(params)[1]
+        steps_per_update = algo.num_epochs * algo.num_minibatches
+        optimizer = make_optimizer(algo.learning_rate, algo.lr_schedule == "linear",
+                                   self.num_updates * steps_per_update, algo.max_grad_norm,
+                                   algo.adam_eps)
+        hp = PPOHyperparams(
+            num_epochs=algo.num_epochs, num_minibatches=algo.num_minibatches, gamma=algo.gamma,
+            gae_lambda=algo.gae_lambda, clip_eps=algo.clip_eps,
+            anneal_clip=algo.clip_schedule == "linear", value_clip_eps=algo.value_clip_eps,
+            vf_coef=algo.vf_coef, ent_coef=algo.ent_coef,
+            normalize_advantages=algo.normalize_advantages, num_updates=self.num_updates,
+        )
+        self.mesh = make_mesh(num_devices)
+        state_sharding = replicated(self.mesh)
+        self._rollout_shardings = {
+            name: env_axis_sharding(self.mesh, 2) for name in ROLLOUT_FIELDS
+        } | {"last_value": env_axis_sharding(self.mesh, 1)}
+        update = make_ppo_update(apply_fn, action_distribution(spaces.action_kind), optimizer,
+                                 hp, constrain_rows=row_constraint(self.mesh))
+        self._update = jax.jit(update, in_shardings=(state_sharding, self._rollout_shardings),
+                               out_shardings=(state_sharding, state_sharding),
+                               donate_argnums=(0,))
+        self.state = jax.device_put(
+            TrainState(params=params, opt_state=optimizer.init(params),
+                       update_count=jnp.zeros((), jnp.int32), key=train_key),
+            state_sharding,
+        )
+        self._obs_stats = norm.empty_stats(spaces.obs_dim)
+        self._return_stats = norm.empty_stats(1)
+        self._param_message = param_spec.allocate()
+        self._returns: collections.deque[float] = collections.deque(
+            maxlen=config.run.return_window)
+        self._lengths: collections.deque[int] = collections.deque(
+            maxlen=config.run.return_window)
+        self.episodes = 0
+        self.received = 0
+        self.trained = 0
+        self.updates = 0
+        self.done = False
+        self.accounting: Accounting | None = None
+        self._start_time = time.perf_counter()
+        self.last_record: dict[str, Any] = {}
+
+    @property
+    def version(self) -> int:
+        return self.updates
+
+    @property
+    def episode_return_mean(self) -> float:
+        return float(np.mean(self._returns)) if self._returns else float("nan")
+
+    def params(self) -> Any:
+        """The current parameters as a host pytree."""
+        return jax.device_get(self.state.params)
+
+    def start(self) -> None:
+        """Broadcast version 0 so env ranks can start collecting."""
+        self._start_time = time.perf_counter()
+        self._broadcast()
+
+    def _broadcast(self) -> None:
+        fields = self._param_spec.views(self._param_message)
+        fields["version"][0] = self.version
+        fields["params"][:] = np.asarray(ravel_pytree(self.state.params)[0])
+        fields["obs_stats"][:] = _flat_stats(self._obs_stats)
+        fields["return_stats"][:] = _flat_stats(self._return_stats)
+        self._channel.broadcast_params(self._param_message)
+
+    def run_once(self) -> dict[str, Any]:
+        """One synchronous round: receive, update, broadcast (unless the run is over)."""
+        tick = time.perf_counter()
+        buffers = self._channel.receive_round(self.config.run.transport_timeout_s)
+        wait_s = time.perf_counter() - tick
+        segments = [spec.views(buf) for spec, buf in zip(self._segment_specs, buffers,
+                                                          strict=True)]
+        rollout = {name: np.concatenate([s[name] for s in segments], axis=1)
+                   for name in ROLLOUT_FIELDS}
+        rollout["last_value"] = np.concatenate([s["last_value"] for s in segments])
+        versions = np.concatenate([s["policy_version"] for s in segments], axis=1)
+        actor_seconds = np.mean([s["actor_seconds"] for s in segments], axis=0)
+        for s in segments:
+            self._obs_stats = _merge_flat_stats(self._obs_stats, s["obs_stats"])
+            self._return_stats = _merge_flat_stats(self._return_stats, s["return_stats"])
+            ended = s["episode_length"] > 0
+            self._returns.extend(s["episode_return"][ended].tolist())
+            self._lengths.extend(s["episode_length"][ended].tolist())
+            self.episodes += int(ended.sum())
+        self._channel.release_round()
+        valid = rollout["valid"].astype(bool)
+        num_valid = int(valid.sum())
+        self.received += num_valid
+        lag = (self.version - versions)[valid]
+
+        tick = time.perf_counter()
+        self.state, metrics = self._update(self.state, rollout)
+        metrics = {k: float(v) for k, v in jax.device_get(metrics).items()}
+        update_s = time.perf_counter() - tick
+        self.trained += num_valid
+        self.updates += 1
+
+        elapsed = time.perf_counter() - self._start_time
+        record = {
+            "update": self.updates,
+            "env_steps": self.trained,
+            "episodes": self.episodes,
+            "wall_s": elapsed,
+            "steps_per_s": self.trained / max(elapsed, 1e-9),
+            "episode_return_mean": self.episode_return_mean,
+            "episode_length_mean": float(np.mean(self._lengths)) if self._lengths else math.nan,
+            "policy_lag_mean": float(lag.mean()) if lag.size else 0.0,
+            "policy_lag_max": int(lag.max()) if lag.size else 0,
+            **metrics,
+            "time/learner_wait_s": wait_s,
+            "time/learner_update_s": update_s,
+            **{f"time/actor_{name}": float(v) for name, v in zip(ACTOR_TIMERS, actor_seconds,
+                                                                  strict=True)},
+        }
+        self.last_record = record
+        self.done = self.updates >= self.num_updates or (
+            self.config.run.stop_at_return is not None
+            and len(self._returns) == self.config.run.return_window
+            and self.episode_return_mean >= self.config.run.stop_at_return
+        )
+        if not self.done:
+            self._broadcast()
+        if self._writer is not None:
+            self._writer.write(record)
+        if self._progress is not None:
+            self._progress.update(record, force=self.done)
+        return record
+
+    def request_stop(self) -> None:
+        self._channel.request_stop()
+
+    def finish(self) -> Accounting:
+        """Collect env ranks' final reports and reconcile the experience accounting."""
+        reports, late_segments = self._channel.collect_final_reports(
+            self.config.run.transport_timeout_s)
+        late = sum(int(self._segment_specs[i].views(buf)["valid"].sum())
+                   for i, buf in late_segments)
+        self.accounting = reconcile(reports, received=self.received, trained=self.trained,
+                                    late=late)
+        if self._progress is not None:
+            self._progress.close()
+        return self.accounting

@@ -1,0 +1,74 @@
+"""Per-update JSONL records and the live progress line of the lead rank."""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+import time
+from pathlib import Path
+from typing import Any, TextIO
+
+import numpy as np
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, np.generic | np.ndarray):
+        value = value.item() if np.ndim(value) == 0 else value.tolist()
+    if isinstance(value, float) and not math.isfinite(value):
+        return None  # JSON has no NaN; "no episode finished yet" reads as null
+    return value
+
+
+class MetricsWriter:
+    """Appends one JSON object per line and flushes it, so a killed run keeps every record."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        self._file = open(path, "a", buffering=1)  # noqa: SIM115 - closed in close()
+
+    def write(self, record: dict[str, Any]) -> None:
+        self._file.write(json.dumps({k: _jsonable(v) for k, v in record.items()}) + "\n")
+
+    def close(self) -> None:
+        self._file.close()
+
+
+def read_metrics(path: str | Path) -> list[dict[str, Any]]:
+    """All records of a metrics.jsonl file."""
+    with open(path) as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+class ProgressLine:
+    """A single rewritten line on a terminal; elsewhere (CI logs, files) a line every few seconds."""
+
+    def __init__(self, total_updates: int, enabled: bool, interval_s: float,
+                 stream: TextIO | None = None):
+        self._stream = stream or sys.stderr
+        self._enabled = enabled
+        self._tty = self._stream.isatty()
+        self._interval = 0.2 if self._tty else interval_s
+        self._total = total_updates
+        self._last = 0.0
+
+    def update(self, record: dict[str, Any], force: bool = False) -> None:
+        now = time.monotonic()
+        if not self._enabled or (not force and now - self._last < self._interval):
+            return
+        self._last = now
+        ret = record.get("episode_return_mean")
+        ret_text = "n/a" if ret is None or not math.isfinite(ret) else f"{ret:8.2f}"
+        text = (f"update {record['update']:>5}/{self._total} | steps {record['env_steps']:>9,} | "
+                f"{record['steps_per_s']:>9,.0f} steps/s | return {ret_text} | "
+                f"lag {record['policy_lag_mean']:.2f}")
+        if self._tty:
+            self._stream.write("\r" + text)
+        else:
+            self._stream.write(text + "\n")
+        self._stream.flush()
+
+    def close(self) -> None:
+        if self._enabled and self._tty:
+            self._stream.write("\n")
+            self._stream.flush()

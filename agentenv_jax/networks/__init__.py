@@ -1,0 +1,12 @@
+"""Policy and value networks and the action distributions they parameterize."""
+
+from agentenv_jax.networks.actor_critic import ActorCritic, init_params, make_actor_critic
+from agentenv_jax.networks.distributions import ActionDistribution, action_distribution
+
+__all__ = [
+    "ActionDistribution",
+    "ActorCritic",
+    "action_distribution",
+    "init_params",
+    "make_actor_critic",
+]

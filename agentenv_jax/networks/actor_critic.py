@@ -1,0 +1,86 @@
+"""The flax actor-critic MLP: separate policy and value torsos, categorical or Gaussian head.
+
+flax.linen is used (rather than nnx) because the framework moves parameters as plain pytrees:
+`ravel_pytree` flattens them for MPI and orbax saves them as they are.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from agentenv_jax.networks.distributions import ActionKind
+
+_ACTIVATIONS = {"tanh": nn.tanh, "relu": nn.relu, "gelu": nn.gelu}
+
+
+def _dense(width: int, scale: float) -> nn.Dense:
+    # Orthogonal init with small policy-output scale: the standard PPO recipe (Andrychowicz et
+    # al., 2021) that starts with a near-uniform policy.
+    return nn.Dense(width, kernel_init=nn.initializers.orthogonal(scale),
+                    bias_init=nn.initializers.zeros)
+
+
+class MLP(nn.Module):
+    hidden: Sequence[int]
+    activation: str
+
+    @nn.compact
+    def __call__(self, x: jax.Array) -> jax.Array:
+        for width in self.hidden:
+            x = _ACTIVATIONS[self.activation](_dense(width, float(np.sqrt(2)))(x))
+        return x
+
+
+class ActorCritic(nn.Module):
+    """Maps observations `[..., *obs_shape]` to `(head, value)`.
+
+    `head` is logits `[..., n]` for discrete actions, or `[..., 2, d]` (mean, log-std) for
+    continuous ones; `value` is `[...]` float32.
+    """
+
+    action_kind: ActionKind
+    action_size: int  # number of discrete actions, or the action vector's dimension
+    actor_hidden: Sequence[int] = (64, 64)
+    critic_hidden: Sequence[int] = (64, 64)
+    activation: str = "tanh"
+    log_std_init: float = 0.0
+    obs_ndim: int = 1  # rank of one observation; leading axes beyond it are batch axes
+
+    @nn.compact
+    def __call__(self, obs: jax.Array) -> tuple[jax.Array, jax.Array]:
+        batch_shape = obs.shape[: obs.ndim - self.obs_ndim]
+        x = obs.reshape(batch_shape + (-1,)).astype(jnp.float32)
+        actor = MLP(self.actor_hidden, self.activation, name="actor_torso")(x)
+        out = _dense(self.action_size, 0.01)(actor)
+        if self.action_kind == "continuous":
+            log_std = self.param("log_std", nn.initializers.constant(self.log_std_init),
+                                 (self.action_size,))
+            out = jnp.stack([out, jnp.broadcast_to(log_std, out.shape)], axis=-2)
+        critic = MLP(self.critic_hidden, self.activation, name="critic_torso")(x)
+        value = _dense(1, 1.0)(critic)[..., 0]
+        return out, value
+
+
+def make_actor_critic(
+    action_kind: ActionKind, action_size: int, obs_ndim: int, actor_hidden: Sequence[int],
+    critic_hidden: Sequence[int], activation: str, log_std_init: float,
+) -> tuple[ActorCritic, Callable[[Any, jax.Array], tuple[jax.Array, jax.Array]]]:
+    """The module and its pure `apply_fn(params, obs) -> (head, value)`."""
+    module = ActorCritic(action_kind, action_size, tuple(actor_hidden), tuple(critic_hidden),
+                         activation, log_std_init, obs_ndim)
+
+    def apply_fn(params: Any, obs: jax.Array) -> tuple[jax.Array, jax.Array]:
+        return module.apply({"params": params}, obs)
+
+    return module, apply_fn
+
+
+def init_params(module: ActorCritic, obs_shape: Sequence[int], key: jax.Array) -> Any:
+    """Initial parameters; the same key gives the same parameters on every rank."""
+    return module.init(key, jnp.zeros((1, *obs_shape), jnp.float32))["params"]

@@ -1,0 +1,77 @@
+"""Action distributions as pure functions of the policy head's output.
+
+Discrete actions use a categorical over logits `[..., n]`; Box actions use a diagonal Gaussian
+whose head output is `[..., 2, d]` (mean, log-std). Sampled Gaussian actions are not squashed: the
+actor clips them to the action bounds only when stepping the env, so log-probabilities stay exact.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Literal, NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+ActionKind = Literal["discrete", "continuous"]
+
+
+class ActionDistribution(NamedTuple):
+    """The three operations PPO needs, for one kind of action space."""
+
+    sample: Callable[[jax.Array, jax.Array], jax.Array]  # (key, head [..., *]) -> action [..., *action_shape]
+    log_prob: Callable[[jax.Array, jax.Array], jax.Array]  # (head, action) -> [...] float32
+    entropy: Callable[[jax.Array], jax.Array]  # (head) -> [...] float32
+    mode: Callable[[jax.Array], jax.Array]  # (head) -> the most likely action, for evaluation
+
+
+def _categorical_sample(key: jax.Array, logits: jax.Array) -> jax.Array:
+    return jax.random.categorical(key, logits, axis=-1).astype(jnp.int32)
+
+
+def _categorical_log_prob(logits: jax.Array, action: jax.Array) -> jax.Array:
+    log_p = jax.nn.log_softmax(logits, axis=-1)
+    return jnp.take_along_axis(log_p, action[..., None].astype(jnp.int32), axis=-1)[..., 0]
+
+
+def _categorical_entropy(logits: jax.Array) -> jax.Array:
+    log_p = jax.nn.log_softmax(logits, axis=-1)
+    return -jnp.sum(jnp.exp(log_p) * log_p, axis=-1)
+
+
+def _categorical_mode(logits: jax.Array) -> jax.Array:
+    return jnp.argmax(logits, axis=-1).astype(jnp.int32)
+
+
+def _gaussian_sample(key: jax.Array, head: jax.Array) -> jax.Array:
+    mean, log_std = head[..., 0, :], head[..., 1, :]
+    return mean + jnp.exp(log_std) * jax.random.normal(key, mean.shape, mean.dtype)
+
+
+def _gaussian_log_prob(head: jax.Array, action: jax.Array) -> jax.Array:
+    mean, log_std = head[..., 0, :], head[..., 1, :]
+    z = (action - mean) * jnp.exp(-log_std)
+    return jnp.sum(-0.5 * z**2 - log_std - 0.5 * math.log(2 * math.pi), axis=-1)
+
+
+def _gaussian_entropy(head: jax.Array) -> jax.Array:
+    log_std = head[..., 1, :]
+    return jnp.sum(log_std + 0.5 * math.log(2 * math.pi * math.e), axis=-1)
+
+
+def _gaussian_mode(head: jax.Array) -> jax.Array:
+    return head[..., 0, :]
+
+
+CATEGORICAL = ActionDistribution(
+    _categorical_sample, _categorical_log_prob, _categorical_entropy, _categorical_mode
+)
+DIAGONAL_GAUSSIAN = ActionDistribution(
+    _gaussian_sample, _gaussian_log_prob, _gaussian_entropy, _gaussian_mode
+)
+
+
+def action_distribution(kind: ActionKind) -> ActionDistribution:
+    """The distribution for an action kind ("discrete" or "continuous")."""
+    return {"discrete": CATEGORICAL, "continuous": DIAGONAL_GAUSSIAN}[kind]

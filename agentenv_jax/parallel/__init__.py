@@ -1,0 +1,1 @@
+"""Device meshes, sharding specs and axis names: the one place that decides data placement."""

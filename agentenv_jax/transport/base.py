@@ -1,0 +1,63 @@
+"""The interfaces between the actor and learner loops and whatever carries their messages.
+
+Two implementations exist: `inprocess` (one process, tests, notebooks) and `mpi` (one rank per
+process). The loops only see these protocols, so the algorithms never know which one runs.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+import numpy as np
+
+from agentenv_jax.buffers.segment_queue import SegmentQueue
+
+
+class TransportError(RuntimeError):
+    """A peer did not answer in time, or the message flow broke its protocol."""
+
+
+class ActorChannel(Protocol):
+    """An env rank's end: parameters in, segments out under credit-based flow control."""
+
+    def wait_params(self, queue: SegmentQueue, timeout_s: float) -> np.ndarray | None:
+        """Block until a parameter message newer than the last one returned arrives, sending
+        queued segments as credits allow meanwhile. Returns the message buffer (valid until the
+        next call), or None when the learner asked this rank to stop."""
+
+    def poll_params(self) -> np.ndarray | None:
+        """The newest parameter message received since the last call, or None; never blocks."""
+
+    def pump(self, queue: SegmentQueue) -> None:
+        """Send as many ready segments as there are credits; recycle buffers whose send ended."""
+
+    def flush(self, queue: SegmentQueue, timeout_s: float) -> None:
+        """Wait until every segment already sent has left this rank."""
+
+    def send_final_report(self, report: dict[str, Any]) -> None:
+        """The env rank's end-of-run accounting (a control message, pickled)."""
+
+
+class LearnerChannel(Protocol):
+    """The learner's end: segments in from every env rank, versioned parameters out."""
+
+    num_env_ranks: int
+
+    def broadcast_params(self, message: np.ndarray) -> None:
+        """Send one parameter message to every env rank without waiting for them."""
+
+    def receive_round(self, timeout_s: float) -> list[np.ndarray]:
+        """Block until the next segment of every env rank has arrived; return their buffers in
+        env-rank order. They stay valid until `release_round`."""
+
+    def release_round(self) -> None:
+        """Hand the last round's buffers back to the transport and grant a credit each."""
+
+    def request_stop(self) -> None:
+        """Tell every env rank to stop collecting."""
+
+    def collect_final_reports(
+        self, timeout_s: float
+    ) -> tuple[list[dict[str, Any]], list[tuple[int, np.ndarray]]]:
+        """Every env rank's final report, and the segments (env-rank index, buffer) that arrived
+        after the last round was taken: received, but never trained on."""

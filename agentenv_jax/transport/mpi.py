@@ -1,0 +1,266 @@
+"""The MPI transport: the only module of agentenv_jax that imports mpi4py.
+
+Hot-path messages (segments, parameters, credits) are fixed-layout numpy buffers moved with the
+upper-case buffer API (`Isend`/`Irecv`); only start-up, stop and final reports are pickled.
+
+NOTE: MPICH's blocking waits spin on a core. With several ranks per core that steals time from
+env stepping, so every wait here polls `Test` and sleeps with a short exponential back-off
+(20 us .. 1 ms) instead: idle ranks block rather than spin.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+from mpi4py import MPI
+
+from agentenv_jax.buffers.segment_queue import SegmentQueue
+from agentenv_jax.transport.base import TransportError
+from agentenv_jax.transport.messages import (
+    TAG_CONTROL,
+    TAG_CREDIT,
+    TAG_FINAL,
+    TAG_PARAMS,
+    TAG_SEGMENT,
+)
+
+
+class _Backoff:
+    def __init__(self, first_s: float = 20e-6, max_s: float = 1e-3):
+        self._first, self._max, self._next = first_s, max_s, first_s
+
+    def sleep(self) -> None:
+        time.sleep(self._next)
+        self._next = min(self._next * 2, self._max)
+
+    def reset(self) -> None:
+        self._next = self._first
+
+
+def _wait_until(done: Callable[[], bool], timeout_s: float, what: Callable[[], str]) -> None:
+    deadline = time.monotonic() + timeout_s
+    backoff = _Backoff()
+    while not done():
+        if time.monotonic() > deadline:
+            raise TransportError(f"timed out after {timeout_s:.0f} s waiting for {what()}")
+        backoff.sleep()
+
+
+class MPIWorld:
+    """COMM_WORLD as the launcher made it: size, rank, and the pickled start-up collectives."""
+
+    def __init__(self) -> None:
+        self.comm = MPI.COMM_WORLD
+        self.size = self.comm.Get_size()
+        self.rank = self.comm.Get_rank()
+
+    def allgather(self, value: Any) -> list[Any]:
+        """Every rank's `value` (a start-up or error-agreement collective; pickled)."""
+        return self.comm.allgather(value)
+
+    def abort(self, exit_code: int) -> None:
+        """Kill every rank of the job now (used after an unexpected error on one rank)."""
+        self.comm.Abort(exit_code)
+
+
+class MPIActorChannel:
+    """An env rank's end of the MPI transport (see `ActorChannel`)."""
+
+    def __init__(self, comm: MPI.Comm, learner_rank: int, param_nbytes: int):
+        self._comm = comm
+        self._learner = learner_rank
+        self._param_inbox = np.empty(param_nbytes, dtype=np.uint8)
+        self._latest_params = np.empty(param_nbytes, dtype=np.uint8)
+        self._param_req = comm.Irecv(self._param_inbox, source=learner_rank, tag=TAG_PARAMS)
+        self._credit_inbox = np.zeros(1, dtype=np.int64)
+        self._credit_req = comm.Irecv(self._credit_inbox, source=learner_rank, tag=TAG_CREDIT)
+        self._control_req = comm.irecv(source=learner_rank, tag=TAG_CONTROL)
+        self._credits = 0
+        self._inflight: list[tuple[MPI.Request, np.ndarray]] = []
+        self.stop_requested = False
+
+    def _poll_credits(self) -> None:
+        while self._credit_req.Test():
+            self._credits += int(self._credit_inbox[0])
+            self._credit_req = self._comm.Irecv(
+                self._credit_inbox, source=self._learner, tag=TAG_CREDIT
+            )
+
+    def _poll_stop(self) -> bool:
+        if not self.stop_requested:
+            arrived, _ = self._control_req.test()
+            self.stop_requested = bool(arrived)
+        return self.stop_requested
+
+    def poll_params(self) -> np.ndarray | None:
+        fresh = False
+        # Drain everything that arrived: only the newest version matters.
+        while self._param_req.Test():
+            self._latest_params[...] = self._param_inbox
+            self._param_req = self._comm.Irecv(
+                self._param_inbox, source=self._learner, tag=TAG_PARAMS
+            )
+            fresh = True
+        return self._latest_params if fresh else None
+
+    def wait_params(self, queue: SegmentQueue, timeout_s: float) -> np.ndarray | None:
+        deadline = time.monotonic() + timeout_s
+        backoff = _Backoff()
+        while True:
+            self.pump(queue)
+            if self._poll_stop():
+                return None
+            message = self.poll_params()
+            if message is not None:
+                return message
+            if time.monotonic() > deadline:
+                raise TransportError(
+                    f"env rank {self._comm.Get_rank()} received no parameters from learner rank "
+                    f"{self._learner} for {timeout_s:.0f} s (run.transport_timeout_s)"
+                )
+            backoff.sleep()
+
+    def pump(self, queue: SegmentQueue) -> None:
+        self._poll_credits()
+        still_inflight = []
+        for request, buffer in self._inflight:
+            if request.Test():
+                queue.release(buffer)
+            else:
+                still_inflight.append((request, buffer))
+        self._inflight = still_inflight
+        while self._credits > 0 and queue.depth:
+            buffer = queue.pop_ready()
+            request = self._comm.Isend(buffer, dest=self._learner, tag=TAG_SEGMENT)
+            self._inflight.append((request, buffer))
+            self._credits -= 1
+
+    def flush(self, queue: SegmentQueue, timeout_s: float) -> None:
+        def sent() -> bool:
+            self.pump(queue)
+            return not self._inflight
+
+        _wait_until(sent, timeout_s, lambda: f"{len(self._inflight)} segment sends to complete")
+
+    def send_final_report(self, report: dict[str, Any]) -> None:
+        self._comm.send(dict(report), dest=self._learner, tag=TAG_FINAL)
+        for request in (self._param_req, self._credit_req):
+            request.Cancel()
+            request.Wait()
+        if not self.stop_requested:
+            self._control_req.cancel()
+
+
+class MPILearnerChannel:
+    """The learner's end of the MPI transport (see `LearnerChannel`).
+
+    For each env rank it keeps `max_inflight` posted receives, one per credit granted, and
+    consumes them round-robin (MPI matches messages from one source and tag in posting order).
+    """
+
+    def __init__(self, comm: MPI.Comm, env_ranks: list[int], segment_nbytes: list[int],
+                 max_inflight: int, param_nbytes: int):
+        self._comm = comm
+        self._env_ranks = list(env_ranks)
+        self.num_env_ranks = len(env_ranks)
+        self._slots = [
+            [np.empty(nbytes, dtype=np.uint8) for _ in range(max_inflight)]
+            for nbytes in segment_nbytes
+        ]
+        self._slot_reqs: list[list[MPI.Request | None]] = [
+            [self._comm.Irecv(buf, source=rank, tag=TAG_SEGMENT) for buf in slots]
+            for rank, slots in zip(self._env_ranks, self._slots, strict=True)
+        ]
+        self._next_slot = [0] * self.num_env_ranks
+        self._small_sends: list[tuple[MPI.Request, Any]] = []
+        for rank in self._env_ranks:
+            self._send_credits(rank, max_inflight)
+        # Double-buffered parameter messages: one can be in flight while the next is written.
+        self._param_bufs = [np.empty(param_nbytes, dtype=np.uint8) for _ in range(2)]
+        self._param_reqs: list[list[MPI.Request]] = [[], []]
+        self._param_turn = 0
+        self._round_taken = False
+
+    def _send_credits(self, rank: int, count: int) -> None:
+        buffer = np.array([count], dtype=np.int64)
+        self._small_sends.append((self._comm.Isend(buffer, dest=rank, tag=TAG_CREDIT), buffer))
+        self._small_sends = [(r, b) for r, b in self._small_sends if not r.Test()]
+
+    def broadcast_params(self, message: np.ndarray) -> None:
+        turn = self._param_turn
+        pending = self._param_reqs[turn]
+        _wait_until(lambda: MPI.Request.Testall(pending), 600.0,
+                    lambda: "env ranks to take an earlier parameter message")
+        self._param_bufs[turn][...] = message
+        self._param_reqs[turn] = [
+            self._comm.Isend(self._param_bufs[turn], dest=rank, tag=TAG_PARAMS)
+            for rank in self._env_ranks
+        ]
+        self._param_turn = 1 - turn
+
+    def receive_round(self, timeout_s: float) -> list[np.ndarray]:
+        waiting = set(range(self.num_env_ranks))
+
+        def arrived() -> bool:
+            for i in list(waiting):
+                if self._slot_reqs[i][self._next_slot[i]].Test():
+                    waiting.discard(i)
+            return not waiting
+
+        _wait_until(arrived, timeout_s, lambda: "a segment from env rank(s) "
+                    + ", ".join(str(self._env_ranks[i]) for i in sorted(waiting))
+                    + " (run.transport_timeout_s)")
+        self._round_taken = True
+        return [self._slots[i][self._next_slot[i]] for i in range(self.num_env_ranks)]
+
+    def release_round(self) -> None:
+        if not self._round_taken:
+            return
+        for i, rank in enumerate(self._env_ranks):
+            slot = self._next_slot[i]
+            self._slot_reqs[i][slot] = self._comm.Irecv(
+                self._slots[i][slot], source=rank, tag=TAG_SEGMENT
+            )
+            self._next_slot[i] = (slot + 1) % len(self._slots[i])
+            self._send_credits(rank, 1)
+        self._round_taken = False
+
+    def request_stop(self) -> None:
+        for rank in self._env_ranks:
+            self._small_sends.append((self._comm.isend({"stop": True}, dest=rank,
+                                                       tag=TAG_CONTROL), None))
+
+    def collect_final_reports(
+        self, timeout_s: float
+    ) -> tuple[list[dict[str, Any]], list[tuple[int, np.ndarray]]]:
+        reports = []
+        for rank in self._env_ranks:
+            _wait_until(lambda r=rank: self._comm.Iprobe(source=r, tag=TAG_FINAL), timeout_s,
+                        lambda r=rank: f"the final report of env rank {r}")
+            reports.append(self._comm.recv(source=rank, tag=TAG_FINAL))
+        # Env ranks wait for their sends before reporting, so any segment still unmatched here
+        # was never sent; the ones that did arrive after the last round are counted, not lost.
+        late_segments = []
+        for i, requests in enumerate(self._slot_reqs):
+            for slot, request in enumerate(requests):
+                if self._round_taken and slot == self._next_slot[i]:
+                    continue  # completed and consumed by the last round
+                if not request.Test():
+                    request.Cancel()
+                    status = MPI.Status()
+                    request.Wait(status)
+                    if status.Is_cancelled():
+                        continue
+                late_segments.append((i, self._slots[i][slot].copy()))
+        outstanding = [r for r, _ in self._small_sends] + [
+            r for reqs in self._param_reqs for r in reqs
+        ]
+        try:
+            _wait_until(lambda: MPI.Request.Testall(outstanding), 5.0,
+                        lambda: "the last control and parameter sends")
+        except TransportError:
+            pass  # an env rank that stopped will never take a stale message; nothing is lost
+        return reports, late_segments
