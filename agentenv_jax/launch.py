@@ -93,6 +93,7 @@ def _learner_devices(config: ExperimentConfig) -> int:
 
 def _build_actor(config, topology, vector_env, spaces, channel, segment_spec, param_spec):
     import jax
+    from jax.flatten_util import ravel_pytree
 
     from agentenv_jax.actor.loop import Actor
     from agentenv_jax.actor.policy import ActorPolicy
@@ -102,7 +103,7 @@ def _build_actor(config, topology, vector_env, spaces, channel, segment_spec, pa
         spaces.action_kind, spaces.action_size, len(spaces.obs_shape),
         config.network.actor_hidden, config.network.critic_hidden, config.network.activation,
         config.network.log_std_init)
-    unravel = jax.flatten_util.ravel_pytree(
+    unravel = ravel_pytree(
         init_params(module, spaces.obs_shape, jax.random.PRNGKey(0)))[1]
     rank_key = jax.random.fold_in(jax.random.PRNGKey(config.run.seed), 1 + topology.rank)
     policy = ActorPolicy(apply_fn, unravel, action_distribution(spaces.action_kind), rank_key)
@@ -120,6 +121,7 @@ def _build_actor(config, topology, vector_env, spaces, channel, segment_spec, pa
 
 def _specs(config: ExperimentConfig, topology: Topology, spaces):
     import jax
+    from jax.flatten_util import ravel_pytree
 
     from agentenv_jax.buffers.segment_queue import on_policy_segment_spec
     from agentenv_jax.networks import init_params, make_actor_critic
@@ -130,7 +132,7 @@ def _specs(config: ExperimentConfig, topology: Topology, spaces):
         config.network.actor_hidden, config.network.critic_hidden, config.network.activation,
         config.network.log_std_init)
     num_params = jax.eval_shape(
-        lambda: jax.flatten_util.ravel_pytree(
+        lambda: ravel_pytree(
             init_params(module, spaces.obs_shape, jax.random.PRNGKey(0)))[0]).shape[0]
     segment_specs = [on_policy_segment_spec(spaces, config.algorithm.rollout_length, n)
                      for n in topology.local_num_envs]
