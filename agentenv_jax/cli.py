@@ -12,18 +12,22 @@ def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="agentenv",
         description="Distributed actor-critic RL with JAX and MPI. Runs in one process, or one "
-                    "role per rank under mpiexec/srun.",
+        "role per rank under mpiexec/srun.",
     )
     commands = parser.add_subparsers(dest="command", required=True)
     train = commands.add_parser("train", help="train an agent from an experiment file")
     train.add_argument("config", nargs="?", help="experiment YAML (default: built-in defaults)")
-    train.add_argument("--set", dest="overrides", action="append", default=[],
-                       metavar="KEY=VALUE", help="override a config value, e.g. "
-                       "--set algorithm.learning_rate=3e-4 (repeatable)")
+    train.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override a config value, e.g. --set algorithm.learning_rate=3e-4 (repeatable)",
+    )
     show = commands.add_parser("show-config", help="print the resolved config as YAML")
     show.add_argument("config", nargs="?")
-    show.add_argument("--set", dest="overrides", action="append", default=[],
-                      metavar="KEY=VALUE")
+    show.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
     commands.add_parser("config-reference", help="print the config reference (Markdown)")
     return parser
 

@@ -23,8 +23,13 @@ from agentenv_jax.transport.topology import Topology, make_topology
 
 # Environment variables that MPI launchers (MPICH/Hydra, Intel MPI, Slurm PMI, Open MPI, PMIx,
 # MVAPICH) set in every process they start. Without one, no MPI is initialized at all.
-_LAUNCHER_VARIABLES = ("PMI_SIZE", "PMI_RANK", "OMPI_COMM_WORLD_SIZE", "PMIX_RANK",
-                       "MV2_COMM_WORLD_SIZE")
+_LAUNCHER_VARIABLES = (
+    "PMI_SIZE",
+    "PMI_RANK",
+    "OMPI_COMM_WORLD_SIZE",
+    "PMIX_RANK",
+    "MV2_COMM_WORLD_SIZE",
+)
 
 
 class StartupError(RuntimeError):
@@ -46,7 +51,8 @@ class TrainResult:
 
 def launched_by_mpi() -> bool:
     return os.environ.get("AGENTENV_TRANSPORT") == "mpi" or any(
-        v in os.environ for v in _LAUNCHER_VARIABLES)
+        v in os.environ for v in _LAUNCHER_VARIABLES
+    )
 
 
 def _limit_xla_threads(threads: int) -> None:
@@ -73,8 +79,9 @@ def _prepare_env_rank(config: ExperimentConfig, topology: Topology):
     index = topology.env_rank_index
     vector_env = make_vector_env(config.env, topology.local_num_envs[index])
     try:
-        spaces = describe_spaces(config.env.id, vector_env.single_observation_space,
-                                 vector_env.single_action_space)
+        spaces = describe_spaces(
+            config.env.id, vector_env.single_observation_space, vector_env.single_action_space
+        )
     except Exception:
         vector_env.close()
         raise
@@ -87,55 +94,78 @@ def _learner_devices(config: ExperimentConfig) -> int:
     from agentenv_jax.learner.loop import minibatch_size
     from agentenv_jax.parallel.mesh import choose_num_devices
 
-    return choose_num_devices(config.topology.learner_devices, len(jax.local_devices()),
-                              [config.env.global_num_envs, minibatch_size(config)])
+    return choose_num_devices(
+        config.topology.learner_devices,
+        len(jax.local_devices()),
+        [config.env.global_num_envs, minibatch_size(config)],
+    )
 
 
 def _build_actor(config, topology, vector_env, spaces, channel, segment_spec, param_spec):
-    import jax
-    from jax.flatten_util import ravel_pytree
-
     from agentenv_jax.actor.loop import Actor
     from agentenv_jax.actor.policy import ActorPolicy
-    from agentenv_jax.networks import action_distribution, init_params, make_actor_critic
+    from agentenv_jax.networks import action_distribution
 
-    module, apply_fn = make_actor_critic(
-        spaces.action_kind, spaces.action_size, len(spaces.obs_shape),
-        config.network.actor_hidden, config.network.critic_hidden, config.network.activation,
-        config.network.log_std_init)
-    unravel = ravel_pytree(
-        init_params(module, spaces.obs_shape, jax.random.PRNGKey(0)))[1]
-    rank_key = jax.random.fold_in(jax.random.PRNGKey(config.run.seed), 1 + topology.rank)
-    policy = ActorPolicy(apply_fn, unravel, action_distribution(spaces.action_kind), rank_key)
+    module, apply_fn, layout = _network(config, spaces)
+    # Sampling noise is seeded by (seed, global env offset): independent across env ranks.
+    policy = ActorPolicy(
+        apply_fn,
+        layout.unravel,
+        action_distribution(spaces.action_kind),
+        spaces.action_size,
+        spaces.action_shape,
+        [config.run.seed, topology.env_offsets[topology.env_rank_index]],
+    )
     index = topology.env_rank_index
     return Actor(
-        vector_env, spaces, policy, channel, segment_spec, param_spec,
-        seed=config.run.seed, env_offset=topology.env_offsets[index],
-        rollout_length=config.algorithm.rollout_length, gamma=config.algorithm.gamma,
-        normalize_obs=config.env.normalize_obs, normalize_reward=config.env.normalize_reward,
-        clip_obs=config.env.clip_obs, clip_reward=config.env.clip_reward,
+        vector_env,
+        spaces,
+        policy,
+        channel,
+        segment_spec,
+        param_spec,
+        seed=config.run.seed,
+        env_offset=topology.env_offsets[index],
+        rollout_length=config.algorithm.rollout_length,
+        gamma=config.algorithm.gamma,
+        normalize_obs=config.env.normalize_obs,
+        normalize_reward=config.env.normalize_reward,
+        clip_obs=config.env.clip_obs,
+        clip_reward=config.env.clip_reward,
         max_inflight_segments=config.topology.max_inflight_segments,
         timeout_s=config.run.transport_timeout_s,
     )
 
 
-def _specs(config: ExperimentConfig, topology: Topology, spaces):
+def _network(config: ExperimentConfig, spaces):
+    """The actor-critic module, its apply function and the layout of its flat parameters."""
     import jax
-    from jax.flatten_util import ravel_pytree
 
-    from agentenv_jax.buffers.segment_queue import on_policy_segment_spec
     from agentenv_jax.networks import init_params, make_actor_critic
+    from agentenv_jax.networks.flat_params import FlatLayout
+
+    module, apply_fn = make_actor_critic(
+        spaces.action_kind,
+        spaces.action_size,
+        len(spaces.obs_shape),
+        config.network.actor_hidden,
+        config.network.critic_hidden,
+        config.network.activation,
+        config.network.log_std_init,
+    )
+    layout = FlatLayout.of(lambda: init_params(module, spaces.obs_shape, jax.random.key(0)))
+    return module, apply_fn, layout
+
+
+def _specs(config: ExperimentConfig, topology: Topology, spaces):
+    from agentenv_jax.buffers.segment_queue import on_policy_segment_spec
     from agentenv_jax.transport.messages import param_message_spec
 
-    module, _ = make_actor_critic(
-        spaces.action_kind, spaces.action_size, len(spaces.obs_shape),
-        config.network.actor_hidden, config.network.critic_hidden, config.network.activation,
-        config.network.log_std_init)
-    num_params = jax.eval_shape(
-        lambda: ravel_pytree(
-            init_params(module, spaces.obs_shape, jax.random.PRNGKey(0)))[0]).shape[0]
-    segment_specs = [on_policy_segment_spec(spaces, config.algorithm.rollout_length, n)
-                     for n in topology.local_num_envs]
+    num_params = _network(config, spaces)[2].num_params
+    segment_specs = [
+        on_policy_segment_spec(spaces, config.algorithm.rollout_length, n)
+        for n in topology.local_num_envs
+    ]
     return segment_specs, param_message_spec(num_params, spaces.obs_dim)
 
 
@@ -146,8 +176,9 @@ def _learner_outputs(config: ExperimentConfig):
     run_dir = _run_dir(config)
     save_config(config, run_dir / "config.yaml")
     writer = MetricsWriter(run_dir / "metrics.jsonl")
-    progress = ProgressLine(num_updates(config), config.run.progress,
-                            config.run.progress_interval_s)
+    progress = ProgressLine(
+        num_updates(config), config.run.progress, config.run.progress_interval_s
+    )
     return run_dir, writer, progress
 
 
@@ -156,8 +187,8 @@ def _summarize(run_dir: Path, learner, wall_s: float, topology: Topology) -> Tra
     summary = {
         "run_dir": str(run_dir),
         "topology": f"{topology.num_learner_ranks} learner + {topology.num_env_ranks} env "
-                    f"rank(s), {topology.global_num_envs} envs, "
-                    f"{len(learner.mesh.devices.flat)} learner device(s)",
+        f"rank(s), {topology.global_num_envs} envs, "
+        f"{len(learner.mesh.devices.flat)} learner device(s)",
         "updates": learner.updates,
         "env_steps": learner.trained,
         "episodes": learner.episodes,
@@ -169,8 +200,15 @@ def _summarize(run_dir: Path, learner, wall_s: float, topology: Topology) -> Tra
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     if learner.config.run.progress:
         print(format_summary(summary), file=sys.stderr, flush=True)
-    return TrainResult(run_dir, learner.updates, learner.trained, learner.episode_return_mean,
-                       wall_s, accounting, learner.params())
+    return TrainResult(
+        run_dir,
+        learner.updates,
+        learner.trained,
+        learner.episode_return_mean,
+        wall_s,
+        accounting,
+        learner.params(),
+    )
 
 
 def format_summary(summary: dict[str, Any]) -> str:
@@ -207,13 +245,22 @@ def run_single_process(config: ExperimentConfig) -> TrainResult:
         raise
     segment_specs, param_spec = _specs(config, topology, spaces)
     transport = InProcessTransport(config.topology.max_inflight_segments)
-    actor = _build_actor(config, topology, vector_env, spaces, transport.actor,
-                         segment_specs[0], param_spec)
+    actor = _build_actor(
+        config, topology, vector_env, spaces, transport.actor, segment_specs[0], param_spec
+    )
     run_dir, writer, progress = _learner_outputs(config)
     started = time.perf_counter()
     try:
-        learner = Learner(config, spaces, transport.learner, segment_specs, param_spec,
-                          num_devices, writer, progress)
+        learner = Learner(
+            config,
+            spaces,
+            transport.learner,
+            segment_specs,
+            param_spec,
+            num_devices,
+            writer,
+            progress,
+        )
         learner.start()
         while not learner.done:
             actor.run_once()
@@ -266,13 +313,17 @@ def run_mpi(config: ExperimentConfig) -> TrainResult:
         from agentenv_jax.learner.loop import Learner
 
         channel = MPILearnerChannel(
-            world.comm, [topology.env_rank_of(i) for i in range(topology.num_env_ranks)],
-            [spec.nbytes for spec in segment_specs], config.topology.max_inflight_segments,
-            param_spec.nbytes)
+            world.comm,
+            [topology.env_rank_of(i) for i in range(topology.num_env_ranks)],
+            [spec.nbytes for spec in segment_specs],
+            config.topology.max_inflight_segments,
+            param_spec.nbytes,
+        )
         run_dir, writer, progress = _learner_outputs(config)
         try:
-            learner = Learner(config, spaces, channel, segment_specs, param_spec, num_devices,
-                              writer, progress)
+            learner = Learner(
+                config, spaces, channel, segment_specs, param_spec, num_devices, writer, progress
+            )
             learner.start()
             while not learner.done:
                 learner.run_once()
@@ -283,13 +334,21 @@ def run_mpi(config: ExperimentConfig) -> TrainResult:
         return _summarize(run_dir, learner, time.perf_counter() - started, topology)
 
     channel = MPIActorChannel(world.comm, learner_rank=0, param_nbytes=param_spec.nbytes)
-    actor = _build_actor(config, topology, vector_env, spaces, channel,
-                         segment_specs[topology.env_rank_index], param_spec)
+    actor = _build_actor(
+        config,
+        topology,
+        vector_env,
+        spaces,
+        channel,
+        segment_specs[topology.env_rank_index],
+        param_spec,
+    )
     while actor.run_once():
         pass
     report = actor.finish()
-    return TrainResult(None, 0, report["produced"], float("nan"),
-                       time.perf_counter() - started, None)
+    return TrainResult(
+        None, 0, report["produced"], float("nan"), time.perf_counter() - started, None
+    )
 
 
 def train(config: ExperimentConfig) -> TrainResult:

@@ -90,7 +90,6 @@ class Actor:
         self._obs_stats = norm.empty_stats(spaces.obs_dim)
         self._return_stats = norm.empty_stats(1)
         self._version = -1
-        self._step = 0
         self._sequence = 0
         self.produced = 0
         self.sent_segments = 0
@@ -145,8 +144,7 @@ class Actor:
             valid = ~self._pending_reset
             obs_in = self._observe(self._obs)
             tick = time.perf_counter()
-            action, log_prob, value = self._policy.act(obs_in, self._step)
-            self._step += 1
+            action, log_prob, value = self._policy.act(obs_in)
             env_action = action
             if self._spaces.action_kind == "continuous":
                 env_action = np.clip(action, self._action_low, self._action_high)
@@ -167,8 +165,9 @@ class Actor:
                 segment_returns.append(self._discounted_return[valid][:, None])
             scaled_reward = reward
             if self._normalize_reward:
-                scaled_reward = norm.scale(reward[:, None], self._return_stats,
-                                           self._clip_reward)[:, 0]
+                scaled_reward = norm.scale(reward[:, None], self._return_stats, self._clip_reward)[
+                    :, 0
+                ]
 
             self._episode_return += np.where(valid, reward, 0.0)
             self._episode_length += valid
@@ -189,8 +188,10 @@ class Actor:
             if truncated.any():
                 tick = time.perf_counter()
                 fields["bootstrap_value"][t] = np.where(
-                    truncated, self._policy.value(self._observe(self._final_obs(
-                        next_obs, truncated, info))), 0.0)
+                    truncated,
+                    self._policy.value(self._observe(self._final_obs(next_obs, truncated, info))),
+                    0.0,
+                )
                 inference_s += time.perf_counter() - tick
             self.produced += int(valid.sum())
             if self._next_step_mode:
@@ -200,10 +201,18 @@ class Actor:
         tick = time.perf_counter()
         fields["last_value"][:] = self._policy.value(self._observe(self._obs))
         inference_s += time.perf_counter() - tick
-        _stats_to_flat(norm.stats_of(np.concatenate(segment_obs)) if segment_obs
-                       else norm.empty_stats(self._spaces.obs_dim), fields["obs_stats"])
-        _stats_to_flat(norm.stats_of(np.concatenate(segment_returns)) if segment_returns
-                       else norm.empty_stats(1), fields["return_stats"])
+        _stats_to_flat(
+            norm.stats_of(np.concatenate(segment_obs))
+            if segment_obs
+            else norm.empty_stats(self._spaces.obs_dim),
+            fields["obs_stats"],
+        )
+        _stats_to_flat(
+            norm.stats_of(np.concatenate(segment_returns))
+            if segment_returns
+            else norm.empty_stats(1),
+            fields["return_stats"],
+        )
         fields["sequence"][0] = self._sequence
         self._sequence += 1
         return env_s, inference_s
@@ -221,8 +230,12 @@ class Actor:
         """Send what is in flight, report this rank's accounting, close the envs."""
         self._channel.flush(self._queue, self._timeout_s)
         unsent = self._queue.discard_ready()
-        report = {"produced": self.produced, "sent": self._queue.sent_transitions,
-                  "unsent": unsent, "segments": self._sequence}
+        report = {
+            "produced": self.produced,
+            "sent": self._queue.sent_transitions,
+            "unsent": unsent,
+            "segments": self._sequence,
+        }
         self._channel.send_final_report(report)
         self._env.close()
         return report

@@ -16,21 +16,34 @@ class ActorPolicy:
     """Action sampling and value estimates on the CPU, one compiled call per vector step.
 
     The flat float32 parameters are unravelled inside the jitted function, so swapping in a new
-    version is one host-to-device copy. Sampling keys are `fold_in(rank_key, step)`: no key state
-    to carry, and reproducible for a given seed, rank and step.
+    version is one host-to-device copy. Sampling noise comes from a numpy generator seeded per
+    rank (see `networks.distributions`), and the call returns one packed array
+    `[E, action_dim + 2]` (action, log-prob, value), so each step costs one dispatch and one
+    device-to-host copy.
     """
 
-    def __init__(self, apply_fn: Callable[[Any, jax.Array], tuple[jax.Array, jax.Array]],
-                 unravel: Callable[[jax.Array], Any], distribution: ActionDistribution,
-                 rank_key: jax.Array):
+    def __init__(
+        self,
+        apply_fn: Callable[[Any, jax.Array], tuple[jax.Array, jax.Array]],
+        unravel: Callable[[jax.Array], Any],
+        distribution: ActionDistribution,
+        action_size: int,
+        action_shape: tuple[int, ...],
+        seed_sequence: list[int],
+    ):
         self._device = jax.devices("cpu")[0]
-        self._key = jax.device_put(rank_key, self._device)
+        self._rng = np.random.default_rng(seed_sequence)
+        self._distribution = distribution
+        self._action_size = action_size
+        self._action_shape = action_shape
         self._params = None
 
-        def act(flat_params, obs, key, step):
+        def act(flat_params, obs, noise):
             head, value = apply_fn(unravel(flat_params), obs)
-            action = distribution.sample(jax.random.fold_in(key, step), head)
-            return action, distribution.log_prob(head, action), value
+            action = distribution.sample(head, noise)
+            log_prob = distribution.log_prob(head, action)
+            flat_action = action.reshape(action.shape[0], -1).astype(jnp.float32)
+            return jnp.concatenate([flat_action, log_prob[:, None], value[:, None]], axis=1)
 
         def value(flat_params, obs):
             return apply_fn(unravel(flat_params), obs)[1]
@@ -39,12 +52,22 @@ class ActorPolicy:
         self._value = jax.jit(value)
 
     def set_params(self, flat_params: np.ndarray) -> None:
-        self._params = jax.device_put(jnp.asarray(flat_params), self._device)
+        self._params = jax.device_put(np.array(flat_params), self._device)
 
-    def act(self, obs: np.ndarray, step: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    def _noise(self, num: int) -> np.ndarray:
+        if self._distribution.noise == "gumbel":
+            return self._rng.gumbel(size=(num, self._action_size)).astype(np.float32)
+        return self._rng.standard_normal((num, self._action_size), dtype=np.float32)
+
+    def act(self, obs: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """`obs [E, ...]` -> `(action [E, ...], log_prob [E], value [E])` as numpy arrays."""
-        action, log_prob, value = self._act(self._params, obs, self._key, step)
-        return np.asarray(action), np.asarray(log_prob), np.asarray(value)
+        packed = np.asarray(self._act(self._params, obs, self._noise(obs.shape[0])))
+        action = packed[:, :-2]
+        if self._distribution.noise == "gumbel":
+            action = action[:, 0].astype(np.int32)
+        else:
+            action = action.reshape((obs.shape[0], *self._action_shape))
+        return action, packed[:, -2], packed[:, -1]
 
     def value(self, obs: np.ndarray) -> np.ndarray:
         """`obs [N, ...]` -> `V(obs) [N]`."""

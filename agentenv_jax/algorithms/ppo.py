@@ -163,12 +163,19 @@ def make_ppo_update(
         terminated = rollout["terminated"].astype(bool)
         truncated = rollout["truncated"].astype(bool)
         next_values = next_state_values(
-            rollout["value"], rollout["last_value"], terminated, truncated,
+            rollout["value"],
+            rollout["last_value"],
+            terminated,
+            truncated,
             rollout["bootstrap_value"],
         )
         advantages, returns = compute_gae(
-            rollout["reward"], rollout["value"], next_values, terminated | truncated,
-            hp.gamma, hp.gae_lambda,
+            rollout["reward"],
+            rollout["value"],
+            next_values,
+            terminated | truncated,
+            hp.gamma,
+            hp.gae_lambda,
         )
         flat = {
             "obs": rollout["obs"],
@@ -214,8 +221,9 @@ def make_ppo_update(
         metrics["value_target_mean"] = masked_mean(flat["return"], valid)
         metrics["explained_variance"] = 1.0 - masked_mean(
             (flat["return"] - flat["value"]) ** 2, valid
-        ) / jnp.maximum(masked_mean((flat["return"] - masked_mean(flat["return"], valid)) ** 2,
-                                    valid), 1e-8)
+        ) / jnp.maximum(
+            masked_mean((flat["return"] - masked_mean(flat["return"], valid)) ** 2, valid), 1e-8
+        )
         metrics["clip_eps"] = clip_eps
         new_state = TrainState(
             params=params, opt_state=opt_state, update_count=state.update_count + 1, key=key
@@ -226,14 +234,16 @@ def make_ppo_update(
 
 
 def make_optimizer(
-    learning_rate: float, anneal: bool, total_gradient_steps: int, max_grad_norm: float,
+    learning_rate: float,
+    anneal: bool,
+    total_gradient_steps: int,
+    max_grad_norm: float,
     adam_eps: float,
 ) -> optax.GradientTransformation:
     """Adam with global-norm clipping, and a linear decay to 0 when `anneal`."""
     schedule = (
         optax.linear_schedule(learning_rate, 0.0, max(total_gradient_steps, 1))
-        if anneal else learning_rate
+        if anneal
+        else learning_rate
     )
-    return optax.chain(
-        optax.clip_by_global_norm(max_grad_norm), optax.adam(schedule, eps=adam_eps)
-    )
+    return optax.chain(optax.clip_by_global_norm(max_grad_norm), optax.adam(schedule, eps=adam_eps))

@@ -17,8 +17,9 @@ from agentenv_jax.transport.spec import FieldSpec, MessageSpec
 ACTOR_TIMERS = ("env_step_s", "inference_s", "transport_wait_s")
 
 
-def on_policy_segment_spec(spaces: EnvSpaces, rollout_length: int, local_num_envs: int
-                           ) -> MessageSpec:
+def on_policy_segment_spec(
+    spaces: EnvSpaces, rollout_length: int, local_num_envs: int
+) -> MessageSpec:
     """The layout of one segment: time-major `[T, E]` transitions plus per-segment statistics.
 
     Per transition: normalized `obs`, `action`, (scaled) `reward`, `terminated`, `truncated`,
@@ -31,25 +32,27 @@ def on_policy_segment_spec(spaces: EnvSpaces, rollout_length: int, local_num_env
     t, e = rollout_length, local_num_envs
     action_dtype = np.int32 if spaces.action_kind == "discrete" else np.float32
     d = spaces.obs_dim
-    return MessageSpec([
-        FieldSpec("obs", (t, e, *spaces.obs_shape), np.float32),
-        FieldSpec("action", (t, e, *spaces.action_shape), action_dtype),
-        FieldSpec("reward", (t, e), np.float32),
-        FieldSpec("log_prob", (t, e), np.float32),
-        FieldSpec("value", (t, e), np.float32),
-        FieldSpec("bootstrap_value", (t, e), np.float32),
-        FieldSpec("episode_return", (t, e), np.float32),
-        FieldSpec("episode_length", (t, e), np.int32),
-        FieldSpec("policy_version", (t, e), np.int64),
-        FieldSpec("terminated", (t, e), np.uint8),
-        FieldSpec("truncated", (t, e), np.uint8),
-        FieldSpec("valid", (t, e), np.uint8),
-        FieldSpec("last_value", (e,), np.float32),
-        FieldSpec("obs_stats", (1 + 2 * d,), np.float64),  # count, mean [D], m2 [D]
-        FieldSpec("return_stats", (3,), np.float64),  # count, mean, m2
-        FieldSpec("actor_seconds", (len(ACTOR_TIMERS),), np.float64),
-        FieldSpec("sequence", (1,), np.int64),
-    ])
+    return MessageSpec(
+        [
+            FieldSpec("obs", (t, e, *spaces.obs_shape), np.float32),
+            FieldSpec("action", (t, e, *spaces.action_shape), action_dtype),
+            FieldSpec("reward", (t, e), np.float32),
+            FieldSpec("log_prob", (t, e), np.float32),
+            FieldSpec("value", (t, e), np.float32),
+            FieldSpec("bootstrap_value", (t, e), np.float32),
+            FieldSpec("episode_return", (t, e), np.float32),
+            FieldSpec("episode_length", (t, e), np.int32),
+            FieldSpec("policy_version", (t, e), np.int64),
+            FieldSpec("terminated", (t, e), np.uint8),
+            FieldSpec("truncated", (t, e), np.uint8),
+            FieldSpec("valid", (t, e), np.uint8),
+            FieldSpec("last_value", (e,), np.float32),
+            FieldSpec("obs_stats", (1 + 2 * d,), np.float64),  # count, mean [D], m2 [D]
+            FieldSpec("return_stats", (3,), np.float64),  # count, mean, m2
+            FieldSpec("actor_seconds", (len(ACTOR_TIMERS),), np.float64),
+            FieldSpec("sequence", (1,), np.int64),
+        ]
+    )
 
 
 class SegmentQueue:

@@ -29,8 +29,12 @@ def _did_you_mean(word: str, choices: Sequence[str]) -> str:
 
 def _type_name(tp: Any) -> str:
     if isinstance(tp, type):
-        return {"int": "an integer", "float": "a number", "bool": "true or false",
-                "str": "a string"}.get(tp.__name__, tp.__name__)
+        return {
+            "int": "an integer",
+            "float": "a number",
+            "bool": "true or false",
+            "str": "a string",
+        }.get(tp.__name__, tp.__name__)
     return str(tp).replace("typing.", "")
 
 
@@ -104,8 +108,10 @@ def _build(cls: type, raw: Mapping[str, Any], path: str) -> Any:
     for key in raw:
         if key not in names:
             where = f"{path}.{key}" if path else str(key)
-            raise ConfigError(f"unknown key {where!r}{_did_you_mean(str(key), names)}; "
-                              f"allowed keys{' in ' + path if path else ''}: {', '.join(names)}")
+            raise ConfigError(
+                f"unknown key {where!r}{_did_you_mean(str(key), names)}; "
+                f"allowed keys{' in ' + path if path else ''}: {', '.join(names)}"
+            )
     kwargs = {}
     for name in names:
         if name in raw:
@@ -149,8 +155,10 @@ def apply_overrides(raw: Mapping[str, Any], overrides: Sequence[str]) -> dict[st
             if child is None:
                 child = node[key] = {}
             elif not isinstance(child, dict):
-                raise ConfigError(f"override {text!r}: {'.'.join(keys[: depth + 1])} is not a "
-                                  "section, so it has no sub-keys")
+                raise ConfigError(
+                    f"override {text!r}: {'.'.join(keys[: depth + 1])} is not a "
+                    "section, so it has no sub-keys"
+                )
             node = child
         node[keys[-1]] = value
     return result
@@ -172,8 +180,10 @@ def load_config(path: str | Path | None, overrides: Sequence[str] = ()) -> Exper
         except yaml.YAMLError as err:
             raise ConfigError(f"config file {str(path)!r} is not valid YAML: {err}") from None
         if not isinstance(raw, Mapping):
-            raise ConfigError(f"config file {str(path)!r} must hold a mapping of sections, "
-                              f"not {type(raw).__name__}")
+            raise ConfigError(
+                f"config file {str(path)!r} must hold a mapping of sections, "
+                f"not {type(raw).__name__}"
+            )
     return config_from_dict(apply_overrides(raw, overrides))
 
 

@@ -44,7 +44,9 @@ def config_reference() -> str:
         parts.append("| key | default | meaning |\n|---|---|---|")
         comments = _comments(cls)
         for field in dataclasses.fields(cls):
-            parts.append(f"| `{section.name}.{field.name}` | `{_default(field)}` | "
-                         f"{comments.get(field.name, '')} |")
+            parts.append(
+                f"| `{section.name}.{field.name}` | `{_default(field)}` | "
+                f"{comments.get(field.name, '')} |"
+            )
         parts.append("")
     return "\n".join(parts)

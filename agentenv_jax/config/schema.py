@@ -42,10 +42,18 @@ class EnvConfig:
 
     def validate(self, prefix: str) -> None:
         _require(bool(self.id.strip()), f"{prefix}.id", self.id, "a Gymnasium id or module:factory")
-        _require(self.global_num_envs >= 1, f"{prefix}.global_num_envs", self.global_num_envs,
-                 "an integer >= 1")
-        _require(self.max_episode_steps is None or self.max_episode_steps >= 1,
-                 f"{prefix}.max_episode_steps", self.max_episode_steps, "null or an integer >= 1")
+        _require(
+            self.global_num_envs >= 1,
+            f"{prefix}.global_num_envs",
+            self.global_num_envs,
+            "an integer >= 1",
+        )
+        _require(
+            self.max_episode_steps is None or self.max_episode_steps >= 1,
+            f"{prefix}.max_episode_steps",
+            self.max_episode_steps,
+            "null or an integer >= 1",
+        )
         _require(self.clip_obs > 0, f"{prefix}.clip_obs", self.clip_obs, "a number > 0")
         _require(self.clip_reward > 0, f"{prefix}.clip_reward", self.clip_reward, "a number > 0")
 
@@ -62,8 +70,12 @@ class NetworkConfig:
     def validate(self, prefix: str) -> None:
         for name in ("actor_hidden", "critic_hidden"):
             widths = getattr(self, name)
-            _require(len(widths) >= 1 and all(w >= 1 for w in widths), f"{prefix}.{name}", widths,
-                     "a non-empty list of positive layer widths")
+            _require(
+                len(widths) >= 1 and all(w >= 1 for w in widths),
+                f"{prefix}.{name}",
+                widths,
+                "a non-empty list of positive layer widths",
+            )
 
 
 @dataclass(frozen=True)
@@ -103,8 +115,12 @@ class PPOConfig:
         ]
         for name, ok, allowed in checks:
             _require(ok, f"{prefix}.{name}", getattr(self, name), allowed)
-        _require(self.value_clip_eps is None or self.value_clip_eps > 0.0,
-                 f"{prefix}.value_clip_eps", self.value_clip_eps, "null or a number > 0")
+        _require(
+            self.value_clip_eps is None or self.value_clip_eps > 0.0,
+            f"{prefix}.value_clip_eps",
+            self.value_clip_eps,
+            "null or a number > 0",
+        )
 
 
 @dataclass(frozen=True)
@@ -117,14 +133,30 @@ class TopologyConfig:
     xla_threads_on_env_ranks: int = 1  # XLA CPU threads on env ranks (inference is small)
 
     def validate(self, prefix: str) -> None:
-        _require(self.num_learner_ranks == 1, f"{prefix}.num_learner_ranks",
-                 self.num_learner_ranks, "1 (one learner process driving all its local devices)")
-        _require(self.learner_devices >= 0, f"{prefix}.learner_devices", self.learner_devices,
-                 "0 (all local devices) or a positive device count")
-        _require(self.max_inflight_segments >= 1, f"{prefix}.max_inflight_segments",
-                 self.max_inflight_segments, "an integer >= 1")
-        _require(self.xla_threads_on_env_ranks >= 1, f"{prefix}.xla_threads_on_env_ranks",
-                 self.xla_threads_on_env_ranks, "an integer >= 1")
+        _require(
+            self.num_learner_ranks == 1,
+            f"{prefix}.num_learner_ranks",
+            self.num_learner_ranks,
+            "1 (one learner process driving all its local devices)",
+        )
+        _require(
+            self.learner_devices >= 0,
+            f"{prefix}.learner_devices",
+            self.learner_devices,
+            "0 (all local devices) or a positive device count",
+        )
+        _require(
+            self.max_inflight_segments >= 1,
+            f"{prefix}.max_inflight_segments",
+            self.max_inflight_segments,
+            "an integer >= 1",
+        )
+        _require(
+            self.xla_threads_on_env_ranks >= 1,
+            f"{prefix}.xla_threads_on_env_ranks",
+            self.xla_threads_on_env_ranks,
+            "an integer >= 1",
+        )
 
 
 @dataclass(frozen=True)
@@ -142,16 +174,36 @@ class RunConfig:
     transport_timeout_s: float = 120.0  # give up when a peer sends nothing for this long
 
     def validate(self, prefix: str) -> None:
-        _require(self.total_env_steps >= 1, f"{prefix}.total_env_steps", self.total_env_steps,
-                 "an integer >= 1")
-        _require(self.return_window >= 1, f"{prefix}.return_window", self.return_window,
-                 "an integer >= 1")
-        _require(self.progress_interval_s > 0, f"{prefix}.progress_interval_s",
-                 self.progress_interval_s, "a number > 0")
-        _require(self.transport_timeout_s > 0, f"{prefix}.transport_timeout_s",
-                 self.transport_timeout_s, "a number > 0")
-        _require(self.name is None or ("/" not in self.name and self.name.strip() != ""),
-                 f"{prefix}.name", self.name, "null or a folder name without '/'")
+        _require(
+            self.total_env_steps >= 1,
+            f"{prefix}.total_env_steps",
+            self.total_env_steps,
+            "an integer >= 1",
+        )
+        _require(
+            self.return_window >= 1,
+            f"{prefix}.return_window",
+            self.return_window,
+            "an integer >= 1",
+        )
+        _require(
+            self.progress_interval_s > 0,
+            f"{prefix}.progress_interval_s",
+            self.progress_interval_s,
+            "a number > 0",
+        )
+        _require(
+            self.transport_timeout_s > 0,
+            f"{prefix}.transport_timeout_s",
+            self.transport_timeout_s,
+            "a number > 0",
+        )
+        _require(
+            self.name is None or ("/" not in self.name and self.name.strip() != ""),
+            f"{prefix}.name",
+            self.name,
+            "null or a folder name without '/'",
+        )
 
 
 @dataclass(frozen=True)
@@ -168,6 +220,9 @@ class ExperimentConfig:
         for name in ("env", "network", "algorithm", "topology", "run"):
             getattr(self, name).validate(name)
         rows = self.algorithm.rollout_length * self.env.global_num_envs
-        _require(rows % self.algorithm.num_minibatches == 0, "algorithm.num_minibatches",
-                 self.algorithm.num_minibatches,
-                 f"a divisor of rollout_length * env.global_num_envs = {rows}")
+        _require(
+            rows % self.algorithm.num_minibatches == 0,
+            "algorithm.num_minibatches",
+            self.algorithm.num_minibatches,
+            f"a divisor of rollout_length * env.global_num_envs = {rows}",
+        )

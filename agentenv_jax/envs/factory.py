@@ -51,16 +51,26 @@ def describe_spaces(env_id: str, obs_space: gym.Space, action_space: gym.Space) 
         )
     if isinstance(action_space, gym.spaces.Discrete):
         if int(action_space.start) != 0:
-            raise EnvError(f"env.id = {env_id!r} has a Discrete action space starting at "
-                           f"{action_space.start}: expected start 0")
+            raise EnvError(
+                f"env.id = {env_id!r} has a Discrete action space starting at "
+                f"{action_space.start}: expected start 0"
+            )
         return EnvSpaces(tuple(obs_space.shape), "discrete", int(action_space.n), (), None, None)
     if isinstance(action_space, gym.spaces.Box) and len(action_space.shape) == 1:
         low, high = np.asarray(action_space.low), np.asarray(action_space.high)
         if not (np.all(np.isfinite(low)) and np.all(np.isfinite(high))):
-            raise EnvError(f"env.id = {env_id!r} has an unbounded Box action space {action_space}:"
-                           " expected finite bounds")
-        return EnvSpaces(tuple(obs_space.shape), "continuous", int(action_space.shape[0]),
-                         tuple(action_space.shape), tuple(map(float, low)), tuple(map(float, high)))
+            raise EnvError(
+                f"env.id = {env_id!r} has an unbounded Box action space {action_space}:"
+                " expected finite bounds"
+            )
+        return EnvSpaces(
+            tuple(obs_space.shape),
+            "continuous",
+            int(action_space.shape[0]),
+            tuple(action_space.shape),
+            tuple(map(float, low)),
+            tuple(map(float, high)),
+        )
     raise EnvError(
         f"env.id = {env_id!r} has action space {action_space}, which is not supported: "
         "expected Discrete or a 1-D Box"
@@ -81,7 +91,9 @@ def resolve_env_factory(config: EnvConfig) -> Callable[[], gym.Env]:
         try:
             module = importlib.import_module(module_name)
         except ImportError as err:
-            raise EnvError(f"env.id = {env_id!r}: cannot import module {module_name!r} ({err})")
+            raise EnvError(
+                f"env.id = {env_id!r}: cannot import module {module_name!r} ({err})"
+            ) from None
         factory = getattr(module, attr, None)
         if not callable(factory):
             raise EnvError(f"env.id = {env_id!r}: module {module_name!r} has no callable {attr!r}")
@@ -90,8 +102,10 @@ def resolve_env_factory(config: EnvConfig) -> Callable[[], gym.Env]:
         def make_from_entry_point() -> gym.Env:
             env = factory(**kwargs)
             if not isinstance(env, gym.Env):
-                raise EnvError(f"env.id = {env_id!r}: the factory returned {type(env).__name__}, "
-                               "expected a gymnasium.Env")
+                raise EnvError(
+                    f"env.id = {env_id!r}: the factory returned {type(env).__name__}, "
+                    "expected a gymnasium.Env"
+                )
             if max_steps is not None:
                 env = gym.wrappers.TimeLimit(env, max_steps)
             return env
@@ -100,8 +114,10 @@ def resolve_env_factory(config: EnvConfig) -> Callable[[], gym.Env]:
     if env_id not in gym.registry:
         close = difflib.get_close_matches(env_id, _registered_ids(), n=1, cutoff=0.6)
         hint = f" (did you mean {close[0]!r}?)" if close else ""
-        raise EnvError(f"env.id = {env_id!r} is not a registered Gymnasium environment{hint}; "
-                       "use a registered id or 'package.module:factory'")
+        raise EnvError(
+            f"env.id = {env_id!r} is not a registered Gymnasium environment{hint}; "
+            "use a registered id or 'package.module:factory'"
+        )
     return lambda: gym.make(env_id, **kwargs)
 
 
@@ -109,37 +125,50 @@ def make_vector_env(config: EnvConfig, local_num_envs: int) -> gym.vector.Vector
     """The vector env of one env rank. Its autoreset mode is SAME_STEP, or NEXT_STEP (native)."""
     if config.vectorization == "native":
         if ":" in config.id and config.id not in gym.registry:
-            raise EnvError(f"env.vectorization = 'native' needs a registered Gymnasium id with a "
-                           f"vector entry point; env.id = {config.id!r} is an entry point")
+            raise EnvError(
+                f"env.vectorization = 'native' needs a registered Gymnasium id with a "
+                f"vector entry point; env.id = {config.id!r} is an entry point"
+            )
         resolve_env_factory(config)  # the unknown-id error with its did-you-mean
         spec = gym.registry[config.id]
         if spec.vector_entry_point is None:
-            raise EnvError(f"env.vectorization = 'native' is not available for env.id = "
-                           f"{config.id!r} (it has no vector entry point); use 'sync' or 'async'")
+            raise EnvError(
+                f"env.vectorization = 'native' is not available for env.id = "
+                f"{config.id!r} (it has no vector entry point); use 'sync' or 'async'"
+            )
         kwargs: dict[str, Any] = dict(config.kwargs)
         if config.max_episode_steps is not None:
             kwargs["max_episode_steps"] = config.max_episode_steps
         try:
-            return gym.make_vec(config.id, num_envs=local_num_envs,
-                                vectorization_mode="vector_entry_point", **kwargs)
+            return gym.make_vec(
+                config.id,
+                num_envs=local_num_envs,
+                vectorization_mode="vector_entry_point",
+                **kwargs,
+            )
         except Exception as err:
-            raise EnvError(f"env.id = {config.id!r}: making the native vector env failed: "
-                           f"{type(err).__name__}: {err}") from err
+            raise EnvError(
+                f"env.id = {config.id!r}: making the native vector env failed: "
+                f"{type(err).__name__}: {err}"
+            ) from err
     make_env = resolve_env_factory(config)
-    vector_cls = gym.vector.SyncVectorEnv if config.vectorization == "sync" else (
-        gym.vector.AsyncVectorEnv)
+    vector_cls = (
+        gym.vector.SyncVectorEnv if config.vectorization == "sync" else (gym.vector.AsyncVectorEnv)
+    )
     try:
         return vector_cls([make_env] * local_num_envs, autoreset_mode=AutoresetMode.SAME_STEP)
     except EnvError:
         raise
     except Exception as err:
-        raise EnvError(f"env.id = {config.id!r}: making the env failed: "
-                       f"{type(err).__name__}: {err}") from err
+        raise EnvError(
+            f"env.id = {config.id!r}: making the env failed: {type(err).__name__}: {err}"
+        ) from err
 
 
 def autoreset_mode(env: gym.vector.VectorEnv) -> AutoresetMode:
     mode = env.metadata.get("autoreset_mode", AutoresetMode.NEXT_STEP)
     if mode not in (AutoresetMode.SAME_STEP, AutoresetMode.NEXT_STEP):
-        raise EnvError(f"vector env autoreset mode {mode} is not supported: "
-                       "expected SAME_STEP or NEXT_STEP")
+        raise EnvError(
+            f"vector env autoreset mode {mode} is not supported: expected SAME_STEP or NEXT_STEP"
+        )
     return mode

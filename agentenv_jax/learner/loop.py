@@ -14,7 +14,6 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax.flatten_util import ravel_pytree
 
 from agentenv_jax.algorithms.ppo import (
     PPOHyperparams,
@@ -29,6 +28,7 @@ from agentenv_jax.envs.factory import EnvSpaces
 from agentenv_jax.metrics.accounting import Accounting, reconcile
 from agentenv_jax.metrics.logger import MetricsWriter, ProgressLine
 from agentenv_jax.networks import action_distribution, init_params, make_actor_critic
+from agentenv_jax.networks.flat_params import FlatLayout
 from agentenv_jax.parallel.mesh import (
     env_axis_sharding,
     make_mesh,
@@ -39,8 +39,17 @@ from agentenv_jax.transport.base import LearnerChannel
 from agentenv_jax.transport.spec import MessageSpec
 
 # Fields of a segment that form the `[T, B, ...]` rollout the update consumes.
-ROLLOUT_FIELDS = ("obs", "action", "reward", "log_prob", "value", "bootstrap_value",
-                  "terminated", "truncated", "valid")
+ROLLOUT_FIELDS = (
+    "obs",
+    "action",
+    "reward",
+    "log_prob",
+    "value",
+    "bootstrap_value",
+    "terminated",
+    "truncated",
+    "valid",
+)
 
 
 def num_updates(config: ExperimentConfig) -> int:
@@ -88,46 +97,70 @@ class Learner:
         self.num_updates = num_updates(config)
 
         module, apply_fn = make_actor_critic(
-            spaces.action_kind, spaces.action_size, len(spaces.obs_shape),
-            config.network.actor_hidden, config.network.critic_hidden,
-            config.network.activation, config.network.log_std_init,
+            spaces.action_kind,
+            spaces.action_size,
+            len(spaces.obs_shape),
+            config.network.actor_hidden,
+            config.network.critic_hidden,
+            config.network.activation,
+            config.network.log_std_init,
         )
         init_key, train_key = jax.random.split(jax.random.PRNGKey(config.run.seed))
         params = init_params(module, spaces.obs_shape, init_key)
-        self._unravel = ravel_pytree(params)[1]
+        self._ravel = jax.jit(FlatLayout(params).ravel)
         steps_per_update = algo.num_epochs * algo.num_minibatches
-        optimizer = make_optimizer(algo.learning_rate, algo.lr_schedule == "linear",
-                                   self.num_updates * steps_per_update, algo.max_grad_norm,
-                                   algo.adam_eps)
+        optimizer = make_optimizer(
+            algo.learning_rate,
+            algo.lr_schedule == "linear",
+            self.num_updates * steps_per_update,
+            algo.max_grad_norm,
+            algo.adam_eps,
+        )
         hp = PPOHyperparams(
-            num_epochs=algo.num_epochs, num_minibatches=algo.num_minibatches, gamma=algo.gamma,
-            gae_lambda=algo.gae_lambda, clip_eps=algo.clip_eps,
-            anneal_clip=algo.clip_schedule == "linear", value_clip_eps=algo.value_clip_eps,
-            vf_coef=algo.vf_coef, ent_coef=algo.ent_coef,
-            normalize_advantages=algo.normalize_advantages, num_updates=self.num_updates,
+            num_epochs=algo.num_epochs,
+            num_minibatches=algo.num_minibatches,
+            gamma=algo.gamma,
+            gae_lambda=algo.gae_lambda,
+            clip_eps=algo.clip_eps,
+            anneal_clip=algo.clip_schedule == "linear",
+            value_clip_eps=algo.value_clip_eps,
+            vf_coef=algo.vf_coef,
+            ent_coef=algo.ent_coef,
+            normalize_advantages=algo.normalize_advantages,
+            num_updates=self.num_updates,
         )
         self.mesh = make_mesh(num_devices)
         state_sharding = replicated(self.mesh)
         self._rollout_shardings = {
             name: env_axis_sharding(self.mesh, 2) for name in ROLLOUT_FIELDS
         } | {"last_value": env_axis_sharding(self.mesh, 1)}
-        update = make_ppo_update(apply_fn, action_distribution(spaces.action_kind), optimizer,
-                                 hp, constrain_rows=row_constraint(self.mesh))
-        self._update = jax.jit(update, in_shardings=(state_sharding, self._rollout_shardings),
-                               out_shardings=(state_sharding, state_sharding),
-                               donate_argnums=(0,))
+        update = make_ppo_update(
+            apply_fn,
+            action_distribution(spaces.action_kind),
+            optimizer,
+            hp,
+            constrain_rows=row_constraint(self.mesh),
+        )
+        self._update = jax.jit(
+            update,
+            in_shardings=(state_sharding, self._rollout_shardings),
+            out_shardings=(state_sharding, state_sharding),
+            donate_argnums=(0,),
+        )
         self.state = jax.device_put(
-            TrainState(params=params, opt_state=optimizer.init(params),
-                       update_count=jnp.zeros((), jnp.int32), key=train_key),
+            TrainState(
+                params=params,
+                opt_state=jax.jit(optimizer.init)(params),
+                update_count=jnp.zeros((), jnp.int32),
+                key=train_key,
+            ),
             state_sharding,
         )
         self._obs_stats = norm.empty_stats(spaces.obs_dim)
         self._return_stats = norm.empty_stats(1)
         self._param_message = param_spec.allocate()
-        self._returns: collections.deque[float] = collections.deque(
-            maxlen=config.run.return_window)
-        self._lengths: collections.deque[int] = collections.deque(
-            maxlen=config.run.return_window)
+        self._returns: collections.deque[float] = collections.deque(maxlen=config.run.return_window)
+        self._lengths: collections.deque[int] = collections.deque(maxlen=config.run.return_window)
         self.episodes = 0
         self.received = 0
         self.trained = 0
@@ -157,7 +190,7 @@ class Learner:
     def _broadcast(self) -> None:
         fields = self._param_spec.views(self._param_message)
         fields["version"][0] = self.version
-        fields["params"][:] = np.asarray(ravel_pytree(self.state.params)[0])
+        fields["params"][:] = np.asarray(self._ravel(self.state.params))
         fields["obs_stats"][:] = _flat_stats(self._obs_stats)
         fields["return_stats"][:] = _flat_stats(self._return_stats)
         self._channel.broadcast_params(self._param_message)
@@ -167,10 +200,10 @@ class Learner:
         tick = time.perf_counter()
         buffers = self._channel.receive_round(self.config.run.transport_timeout_s)
         wait_s = time.perf_counter() - tick
-        segments = [spec.views(buf) for spec, buf in zip(self._segment_specs, buffers,
-                                                          strict=True)]
-        rollout = {name: np.concatenate([s[name] for s in segments], axis=1)
-                   for name in ROLLOUT_FIELDS}
+        segments = [spec.views(buf) for spec, buf in zip(self._segment_specs, buffers, strict=True)]
+        rollout = {
+            name: np.concatenate([s[name] for s in segments], axis=1) for name in ROLLOUT_FIELDS
+        }
         rollout["last_value"] = np.concatenate([s["last_value"] for s in segments])
         versions = np.concatenate([s["policy_version"] for s in segments], axis=1)
         actor_seconds = np.mean([s["actor_seconds"] for s in segments], axis=0)
@@ -208,8 +241,10 @@ class Learner:
             **metrics,
             "time/learner_wait_s": wait_s,
             "time/learner_update_s": update_s,
-            **{f"time/actor_{name}": float(v) for name, v in zip(ACTOR_TIMERS, actor_seconds,
-                                                                  strict=True)},
+            **{
+                f"time/actor_{name}": float(v)
+                for name, v in zip(ACTOR_TIMERS, actor_seconds, strict=True)
+            },
         }
         self.last_record = record
         self.done = self.updates >= self.num_updates or (
@@ -231,11 +266,14 @@ class Learner:
     def finish(self) -> Accounting:
         """Collect env ranks' final reports and reconcile the experience accounting."""
         reports, late_segments = self._channel.collect_final_reports(
-            self.config.run.transport_timeout_s)
-        late = sum(int(self._segment_specs[i].views(buf)["valid"].sum())
-                   for i, buf in late_segments)
-        self.accounting = reconcile(reports, received=self.received, trained=self.trained,
-                                    late=late)
+            self.config.run.transport_timeout_s
+        )
+        late = sum(
+            int(self._segment_specs[i].views(buf)["valid"].sum()) for i, buf in late_segments
+        )
+        self.accounting = reconcile(
+            reports, received=self.received, trained=self.trained, late=late
+        )
         if self._progress is not None:
             self._progress.close()
         return self.accounting

@@ -21,16 +21,19 @@ class Accounting:
 
     @property
     def reconciles(self) -> bool:
-        return (self.produced == self.sent + self.unsent
-                and self.sent == self.received
-                and self.received == self.trained + self.late)
+        return (
+            self.produced == self.sent + self.unsent
+            and self.sent == self.received
+            and self.received == self.trained + self.late
+        )
 
     def as_dict(self) -> dict[str, Any]:
         return {**dataclasses.asdict(self), "reconciles": self.reconciles}
 
 
-def reconcile(env_reports: Sequence[dict[str, Any]], received: int, trained: int,
-              late: int) -> Accounting:
+def reconcile(
+    env_reports: Sequence[dict[str, Any]], received: int, trained: int, late: int
+) -> Accounting:
     """Combine env ranks' final reports with the learner's own counts."""
     return Accounting(
         produced=sum(int(r["produced"]) for r in env_reports),

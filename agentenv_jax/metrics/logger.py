@@ -41,10 +41,11 @@ def read_metrics(path: str | Path) -> list[dict[str, Any]]:
 
 
 class ProgressLine:
-    """A single rewritten line on a terminal; elsewhere (CI logs, files) a line every few seconds."""
+    """A rewritten line on a terminal; elsewhere (CI logs, files) a line every few seconds."""
 
-    def __init__(self, total_updates: int, enabled: bool, interval_s: float,
-                 stream: TextIO | None = None):
+    def __init__(
+        self, total_updates: int, enabled: bool, interval_s: float, stream: TextIO | None = None
+    ):
         self._stream = stream or sys.stderr
         self._enabled = enabled
         self._tty = self._stream.isatty()
@@ -59,9 +60,11 @@ class ProgressLine:
         self._last = now
         ret = record.get("episode_return_mean")
         ret_text = "n/a" if ret is None or not math.isfinite(ret) else f"{ret:8.2f}"
-        text = (f"update {record['update']:>5}/{self._total} | steps {record['env_steps']:>9,} | "
-                f"{record['steps_per_s']:>9,.0f} steps/s | return {ret_text} | "
-                f"lag {record['policy_lag_mean']:.2f}")
+        text = (
+            f"update {record['update']:>5}/{self._total} | steps {record['env_steps']:>9,} | "
+            f"{record['steps_per_s']:>9,.0f} steps/s | return {ret_text} | "
+            f"lag {record['policy_lag_mean']:.2f}"
+        )
         if self._tty:
             self._stream.write("\r" + text)
         else:

@@ -22,8 +22,9 @@ _ACTIVATIONS = {"tanh": nn.tanh, "relu": nn.relu, "gelu": nn.gelu}
 def _dense(width: int, scale: float) -> nn.Dense:
     # Orthogonal init with small policy-output scale: the standard PPO recipe (Andrychowicz et
     # al., 2021) that starts with a near-uniform policy.
-    return nn.Dense(width, kernel_init=nn.initializers.orthogonal(scale),
-                    bias_init=nn.initializers.zeros)
+    return nn.Dense(
+        width, kernel_init=nn.initializers.orthogonal(scale), bias_init=nn.initializers.zeros
+    )
 
 
 class MLP(nn.Module):
@@ -59,8 +60,9 @@ class ActorCritic(nn.Module):
         actor = MLP(self.actor_hidden, self.activation, name="actor_torso")(x)
         out = _dense(self.action_size, 0.01)(actor)
         if self.action_kind == "continuous":
-            log_std = self.param("log_std", nn.initializers.constant(self.log_std_init),
-                                 (self.action_size,))
+            log_std = self.param(
+                "log_std", nn.initializers.constant(self.log_std_init), (self.action_size,)
+            )
             out = jnp.stack([out, jnp.broadcast_to(log_std, out.shape)], axis=-2)
         critic = MLP(self.critic_hidden, self.activation, name="critic_torso")(x)
         value = _dense(1, 1.0)(critic)[..., 0]
@@ -68,12 +70,24 @@ class ActorCritic(nn.Module):
 
 
 def make_actor_critic(
-    action_kind: ActionKind, action_size: int, obs_ndim: int, actor_hidden: Sequence[int],
-    critic_hidden: Sequence[int], activation: str, log_std_init: float,
+    action_kind: ActionKind,
+    action_size: int,
+    obs_ndim: int,
+    actor_hidden: Sequence[int],
+    critic_hidden: Sequence[int],
+    activation: str,
+    log_std_init: float,
 ) -> tuple[ActorCritic, Callable[[Any, jax.Array], tuple[jax.Array, jax.Array]]]:
     """The module and its pure `apply_fn(params, obs) -> (head, value)`."""
-    module = ActorCritic(action_kind, action_size, tuple(actor_hidden), tuple(critic_hidden),
-                         activation, log_std_init, obs_ndim)
+    module = ActorCritic(
+        action_kind,
+        action_size,
+        tuple(actor_hidden),
+        tuple(critic_hidden),
+        activation,
+        log_std_init,
+        obs_ndim,
+    )
 
     def apply_fn(params: Any, obs: jax.Array) -> tuple[jax.Array, jax.Array]:
         return module.apply({"params": params}, obs)
@@ -82,5 +96,9 @@ def make_actor_critic(
 
 
 def init_params(module: ActorCritic, obs_shape: Sequence[int], key: jax.Array) -> Any:
-    """Initial parameters; the same key gives the same parameters on every rank."""
-    return module.init(key, jnp.zeros((1, *obs_shape), jnp.float32))["params"]
+    """Initial parameters; the same key gives the same parameters on every rank.
+
+    Jitted as a whole: run eagerly, the initializers compile dozens of small XLA programs.
+    """
+    dummy_obs = jnp.zeros((1, *obs_shape), jnp.float32)
+    return jax.jit(lambda k: module.init(k, dummy_obs)["params"])(key)

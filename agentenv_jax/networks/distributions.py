@@ -3,6 +3,10 @@
 Discrete actions use a categorical over logits `[..., n]`; Box actions use a diagonal Gaussian
 whose head output is `[..., 2, d]` (mean, log-std). Sampled Gaussian actions are not squashed: the
 actor clips them to the action bounds only when stepping the env, so log-probabilities stay exact.
+
+Sampling takes its noise as an argument (Gumbel noise `[..., n]` for the categorical, standard
+normal `[..., d]` for the Gaussian) rather than a PRNG key: env ranks draw it with numpy, because
+XLA's threefry costs ~100 us per call on CPU at these sizes — as much as the network itself.
 """
 
 from __future__ import annotations
@@ -20,14 +24,16 @@ ActionKind = Literal["discrete", "continuous"]
 class ActionDistribution(NamedTuple):
     """The three operations PPO needs, for one kind of action space."""
 
-    sample: Callable[[jax.Array, jax.Array], jax.Array]  # (key, head [..., *]) -> action [..., *action_shape]
+    sample: Callable[[jax.Array, jax.Array], jax.Array]  # (head, noise) -> action
     log_prob: Callable[[jax.Array, jax.Array], jax.Array]  # (head, action) -> [...] float32
     entropy: Callable[[jax.Array], jax.Array]  # (head) -> [...] float32
     mode: Callable[[jax.Array], jax.Array]  # (head) -> the most likely action, for evaluation
+    noise: str  # "gumbel" or "normal": what `sample` expects, shaped like one action's logits/mean
 
 
-def _categorical_sample(key: jax.Array, logits: jax.Array) -> jax.Array:
-    return jax.random.categorical(key, logits, axis=-1).astype(jnp.int32)
+def _categorical_sample(logits: jax.Array, gumbel_noise: jax.Array) -> jax.Array:
+    # The Gumbel-max trick: argmax(logits + Gumbel(0, 1)) ~ Categorical(softmax(logits)).
+    return jnp.argmax(logits + gumbel_noise, axis=-1).astype(jnp.int32)
 
 
 def _categorical_log_prob(logits: jax.Array, action: jax.Array) -> jax.Array:
@@ -44,9 +50,9 @@ def _categorical_mode(logits: jax.Array) -> jax.Array:
     return jnp.argmax(logits, axis=-1).astype(jnp.int32)
 
 
-def _gaussian_sample(key: jax.Array, head: jax.Array) -> jax.Array:
+def _gaussian_sample(head: jax.Array, normal_noise: jax.Array) -> jax.Array:
     mean, log_std = head[..., 0, :], head[..., 1, :]
-    return mean + jnp.exp(log_std) * jax.random.normal(key, mean.shape, mean.dtype)
+    return mean + jnp.exp(log_std) * normal_noise
 
 
 def _gaussian_log_prob(head: jax.Array, action: jax.Array) -> jax.Array:
@@ -65,10 +71,10 @@ def _gaussian_mode(head: jax.Array) -> jax.Array:
 
 
 CATEGORICAL = ActionDistribution(
-    _categorical_sample, _categorical_log_prob, _categorical_entropy, _categorical_mode
+    _categorical_sample, _categorical_log_prob, _categorical_entropy, _categorical_mode, "gumbel"
 )
 DIAGONAL_GAUSSIAN = ActionDistribution(
-    _gaussian_sample, _gaussian_log_prob, _gaussian_entropy, _gaussian_mode
+    _gaussian_sample, _gaussian_log_prob, _gaussian_entropy, _gaussian_mode, "normal"
 )
 
 

@@ -29,13 +29,17 @@ def choose_num_devices(requested: int, available: int, batch_sizes: Sequence[int
     if requested == 0:
         return max(n for n in range(1, available + 1) if all(b % n == 0 for b in batch_sizes))
     if requested > available:
-        raise MeshError(f"topology.learner_devices = {requested} is not allowed: only "
-                        f"{available} local devices are visible")
+        raise MeshError(
+            f"topology.learner_devices = {requested} is not allowed: only "
+            f"{available} local devices are visible"
+        )
     bad = [b for b in batch_sizes if b % requested]
     if bad:
-        raise MeshError(f"topology.learner_devices = {requested} is not allowed: it must divide "
-                        f"the batch sizes {list(batch_sizes)} (global_num_envs and the "
-                        "minibatch size)")
+        raise MeshError(
+            f"topology.learner_devices = {requested} is not allowed: it must divide "
+            f"the batch sizes {list(batch_sizes)} (global_num_envs and the "
+            "minibatch size)"
+        )
     return requested
 
 

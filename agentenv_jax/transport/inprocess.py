@@ -48,8 +48,10 @@ class _ActorEnd:
             return None
         message = self.poll_params()
         if message is None:
-            raise TransportError("in-process env rank waits for parameters the learner has not "
-                                 "sent: the loops were interleaved out of order")
+            raise TransportError(
+                "in-process env rank waits for parameters the learner has not "
+                "sent: the loops were interleaved out of order"
+            )
         return message
 
     def pump(self, queue: SegmentQueue) -> None:
@@ -79,8 +81,10 @@ class _LearnerEnd:
 
     def receive_round(self, timeout_s: float) -> list[np.ndarray]:
         if not self._hub._segments:
-            raise TransportError("in-process learner waits for a segment the env rank has not "
-                                 "produced: the loops were interleaved out of order")
+            raise TransportError(
+                "in-process learner waits for a segment the env rank has not "
+                "produced: the loops were interleaved out of order"
+            )
         self._round = [self._hub._segments.popleft()]
         return self._round
 

@@ -16,9 +16,11 @@ TAG_FINAL = 15  # pickled: end-of-run reports
 
 def param_message_spec(num_params: int, obs_dim: int) -> MessageSpec:
     """Versioned parameters plus the global normalizer statistics env ranks must apply."""
-    return MessageSpec([
-        FieldSpec("version", (1,), np.int64),
-        FieldSpec("params", (num_params,), np.float32),
-        FieldSpec("obs_stats", (1 + 2 * obs_dim,), np.float64),
-        FieldSpec("return_stats", (3,), np.float64),
-    ])
+    return MessageSpec(
+        [
+            FieldSpec("version", (1,), np.int64),
+            FieldSpec("params", (num_params,), np.float32),
+            FieldSpec("obs_stats", (1 + 2 * obs_dim,), np.float64),
+            FieldSpec("return_stats", (3,), np.float64),
+        ]
+    )

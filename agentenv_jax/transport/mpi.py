@@ -161,8 +161,14 @@ class MPILearnerChannel:
     consumes them round-robin (MPI matches messages from one source and tag in posting order).
     """
 
-    def __init__(self, comm: MPI.Comm, env_ranks: list[int], segment_nbytes: list[int],
-                 max_inflight: int, param_nbytes: int):
+    def __init__(
+        self,
+        comm: MPI.Comm,
+        env_ranks: list[int],
+        segment_nbytes: list[int],
+        max_inflight: int,
+        param_nbytes: int,
+    ):
         self._comm = comm
         self._env_ranks = list(env_ranks)
         self.num_env_ranks = len(env_ranks)
@@ -192,8 +198,11 @@ class MPILearnerChannel:
     def broadcast_params(self, message: np.ndarray) -> None:
         turn = self._param_turn
         pending = self._param_reqs[turn]
-        _wait_until(lambda: MPI.Request.Testall(pending), 600.0,
-                    lambda: "env ranks to take an earlier parameter message")
+        _wait_until(
+            lambda: MPI.Request.Testall(pending),
+            600.0,
+            lambda: "env ranks to take an earlier parameter message",
+        )
         self._param_bufs[turn][...] = message
         self._param_reqs[turn] = [
             self._comm.Isend(self._param_bufs[turn], dest=rank, tag=TAG_PARAMS)
@@ -210,9 +219,15 @@ class MPILearnerChannel:
                     waiting.discard(i)
             return not waiting
 
-        _wait_until(arrived, timeout_s, lambda: "a segment from env rank(s) "
-                    + ", ".join(str(self._env_ranks[i]) for i in sorted(waiting))
-                    + " (run.transport_timeout_s)")
+        _wait_until(
+            arrived,
+            timeout_s,
+            lambda: (
+                "a segment from env rank(s) "
+                + ", ".join(str(self._env_ranks[i]) for i in sorted(waiting))
+                + " (run.transport_timeout_s)"
+            ),
+        )
         self._round_taken = True
         return [self._slots[i][self._next_slot[i]] for i in range(self.num_env_ranks)]
 
@@ -230,16 +245,20 @@ class MPILearnerChannel:
 
     def request_stop(self) -> None:
         for rank in self._env_ranks:
-            self._small_sends.append((self._comm.isend({"stop": True}, dest=rank,
-                                                       tag=TAG_CONTROL), None))
+            self._small_sends.append(
+                (self._comm.isend({"stop": True}, dest=rank, tag=TAG_CONTROL), None)
+            )
 
     def collect_final_reports(
         self, timeout_s: float
     ) -> tuple[list[dict[str, Any]], list[tuple[int, np.ndarray]]]:
         reports = []
         for rank in self._env_ranks:
-            _wait_until(lambda r=rank: self._comm.Iprobe(source=r, tag=TAG_FINAL), timeout_s,
-                        lambda r=rank: f"the final report of env rank {r}")
+            _wait_until(
+                lambda r=rank: self._comm.Iprobe(source=r, tag=TAG_FINAL),
+                timeout_s,
+                lambda r=rank: f"the final report of env rank {r}",
+            )
             reports.append(self._comm.recv(source=rank, tag=TAG_FINAL))
         # Env ranks wait for their sends before reporting, so any segment still unmatched here
         # was never sent; the ones that did arrive after the last round are counted, not lost.
@@ -259,8 +278,11 @@ class MPILearnerChannel:
             r for reqs in self._param_reqs for r in reqs
         ]
         try:
-            _wait_until(lambda: MPI.Request.Testall(outstanding), 5.0,
-                        lambda: "the last control and parameter sends")
+            _wait_until(
+                lambda: MPI.Request.Testall(outstanding),
+                5.0,
+                lambda: "the last control and parameter sends",
+            )
         except TransportError:
             pass  # an env rank that stopped will never take a stale message; nothing is lost
         return reports, late_segments

@@ -84,8 +84,9 @@ class MessageSpec:
         for name, view in self.views(buffer).items():
             value = np.asarray(values[name])
             if value.shape != view.shape:
-                raise ValueError(f"pack: field {name!r} has shape {value.shape}, "
-                                 f"spec says {view.shape}")
+                raise ValueError(
+                    f"pack: field {name!r} has shape {value.shape}, spec says {view.shape}"
+                )
             view[...] = value
         return buffer
 
