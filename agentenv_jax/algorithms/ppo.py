@@ -207,7 +207,7 @@ def make_ppo_update(
                 grads, metrics = grad_fn(params, mb, clip_eps)
                 updates, opt_state = optimizer.update(grads, opt_state, params)
                 params = optax.apply_updates(params, updates)
-                metrics["grad_norm"] = optax.global_norm(grads)
+                metrics["grad_norm"] = optax.tree.norm(grads)
                 return (params, opt_state), metrics
 
             return jax.lax.scan(step, (params, opt_state), minibatches)

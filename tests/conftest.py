@@ -1,0 +1,54 @@
+"""Shared test helpers: paths, and running real `mpiexec` / CLI jobs with a timeout."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+EXPERIMENTS = REPO / "experiments"
+
+
+def mpiexec_path() -> str:
+    """The mpiexec of the mpich wheel installed with the package (next to this python)."""
+    candidate = Path(sys.executable).parent / "mpiexec"
+    found = str(candidate) if candidate.exists() else shutil.which("mpiexec")
+    if found is None:
+        pytest.fail("mpiexec not found: install the package (it depends on the mpich wheel)")
+    return found
+
+
+def run_command(args: list[str], timeout: float, cwd: Path) -> subprocess.CompletedProcess:
+    """Run a command in its own process group; on timeout kill the whole group and fail."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PMI_", "OMPI_", "PMIX_"))}
+    env["PYTHONUNBUFFERED"] = "1"
+    proc = subprocess.Popen(
+        args,
+        cwd=cwd,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, 9)
+        out, err = proc.communicate()
+        pytest.fail(f"{' '.join(args)} did not finish within {timeout} s\n{out}\n{err}")
+    return subprocess.CompletedProcess(args, proc.returncode, out, err)
+
+
+def agentenv_command(*args: str) -> list[str]:
+    return [sys.executable, "-m", "agentenv_jax.cli", *args]
+
+
+@pytest.fixture
+def run_dir(tmp_path: Path) -> Path:
+    return tmp_path / "runs"

@@ -1,0 +1,117 @@
+"""Config loading, overrides and validation errors."""
+
+from __future__ import annotations
+
+import pytest
+import yaml
+from conftest import EXPERIMENTS
+
+from agentenv_jax.config import ConfigError, ExperimentConfig, load_config, save_config
+from agentenv_jax.config.reference import config_reference
+from agentenv_jax.transport.topology import make_topology
+
+
+def test_defaults_validate_and_match_the_schema():
+    config = load_config(None)
+    assert config == ExperimentConfig()
+    assert config.env.id == "CartPole-v1"
+
+
+def test_overrides_parse_yaml_values():
+    config = load_config(
+        None,
+        [
+            "algorithm.learning_rate=3e-4",
+            "network.actor_hidden=[32, 16]",
+            "env.max_episode_steps=null",
+            "run.total_env_steps=1e5",
+            "env.kwargs.sutton_barto_reward=true",
+        ],
+    )
+    assert config.algorithm.learning_rate == pytest.approx(3e-4)
+    assert config.network.actor_hidden == (32, 16)
+    assert config.env.max_episode_steps is None
+    assert config.run.total_env_steps == 100_000
+    assert config.env.kwargs == {"sutton_barto_reward": True}
+
+
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        (["algorithm.gama=0.9"], r"unknown key 'algorithm.gama' \(did you mean 'gamma'\?\)"),
+        (["algoritm.gamma=0.9"], r"unknown key 'algoritm' \(did you mean 'algorithm'\?\)"),
+        (
+            ["algorithm.gamma=1.5"],
+            r"algorithm.gamma = 1.5 is not allowed: expected a number in \[0, 1\]",
+        ),
+        (
+            ["algorithm.num_epochs=2.5"],
+            r"algorithm.num_epochs = 2.5 is not allowed: expected an integer",
+        ),
+        (["algorithm.num_epochs=true"], r"algorithm.num_epochs = True .* expected an integer"),
+        (["run.seed=abc"], r"run.seed = 'abc' is not allowed: expected an integer"),
+        (
+            ["env.vectorization=synk"],
+            r"expected one of 'sync', 'async', 'native' \(did you mean 'sync'",
+        ),
+        (
+            ["env.global_num_envs=0"],
+            r"env.global_num_envs = 0 is not allowed: expected an integer >= 1",
+        ),
+        (["network.actor_hidden=[]"], r"network.actor_hidden = \(\) is not allowed"),
+        (["network.actor_hidden=64"], r"network.actor_hidden = 64 is not allowed: expected a list"),
+        (["algorithm.num_minibatches=3"], r"algorithm.num_minibatches = 3 .* divisor of .* 256"),
+        (["topology.num_learner_ranks=2"], r"topology.num_learner_ranks = 2 is not allowed"),
+        (["env=3"], r"env = 3 is not allowed: expected a mapping"),
+        (
+            ["algorithm.gamma.x=1"],
+            r"algorithm.gamma = \{.x.: 1\} is not allowed: expected a number",
+        ),
+        (["no_equals_sign"], r"expected key.path=value"),
+    ],
+)
+def test_bad_overrides_name_field_value_and_allowed(overrides, message):
+    with pytest.raises(ConfigError, match=message):
+        load_config(None, overrides)
+
+
+def test_bad_files(tmp_path):
+    missing = tmp_path / "missing.yaml"
+    with pytest.raises(ConfigError, match="does not exist"):
+        load_config(missing)
+    malformed = tmp_path / "bad.yaml"
+    malformed.write_text("env:\n  id: [unclosed\n")
+    with pytest.raises(ConfigError, match="not valid YAML"):
+        load_config(malformed)
+    scalar = tmp_path / "scalar.yaml"
+    scalar.write_text("42\n")
+    with pytest.raises(ConfigError, match="must hold a mapping"):
+        load_config(scalar)
+
+
+@pytest.mark.parametrize("path", sorted(EXPERIMENTS.glob("*.yaml")), ids=lambda p: p.name)
+def test_every_experiment_file_loads_and_round_trips(path, tmp_path):
+    config = load_config(path)
+    saved = tmp_path / "config.yaml"
+    save_config(config, saved)
+    assert load_config(saved) == config
+    assert isinstance(yaml.safe_load(saved.read_text()), dict)
+
+
+def test_topology_splits_envs_and_rejects_impossible_worlds():
+    config = load_config(None, ["env.global_num_envs=8"])
+    topo = make_topology(config, world_size=4, rank=2)
+    assert topo.num_env_ranks == 3 and topo.local_num_envs == (3, 3, 2)
+    assert topo.env_offsets == (0, 3, 6) and topo.env_rank_index == 1
+    single = make_topology(config, world_size=1, rank=0)
+    assert single.is_learner and single.is_env_rank and single.local_num_envs == (8,)
+    with pytest.raises(ConfigError, match="env.global_num_envs = 2 .* 3 env ranks"):
+        make_topology(load_config(None, ["env.global_num_envs=2"]), world_size=4, rank=0)
+
+
+def test_config_reference_documents_every_field():
+    reference = config_reference()
+    for section in ("env", "network", "algorithm", "topology", "run"):
+        for field in getattr(ExperimentConfig(), section).__dataclass_fields__:
+            line = next(x for x in reference.splitlines() if f"`{section}.{field}`" in x)
+            assert line.rstrip("| ").split("|")[-1].strip(), f"{section}.{field} undocumented"
