@@ -196,6 +196,7 @@ def _summarize(run_dir: Path, learner, wall_s: float, topology: Topology) -> Tra
         "wall_s": wall_s,
         "steps_per_s": learner.trained / max(wall_s, 1e-9),
         "accounting": accounting,
+        "obs_normalizer_count": learner.obs_stats.count,
     }
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     if learner.config.run.progress:

@@ -27,6 +27,8 @@ def run_command(args: list[str], timeout: float, cwd: Path) -> subprocess.Comple
     """Run a command in its own process group; on timeout kill the whole group and fail."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PMI_", "OMPI_", "PMIX_"))}
     env["PYTHONUNBUFFERED"] = "1"
+    # Lets `env.id: envs_for_tests:<factory>` resolve on every rank.
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO / "tests"), env.get("PYTHONPATH", "")])
     proc = subprocess.Popen(
         args,
         cwd=cwd,

@@ -7,6 +7,7 @@ The maths is in `algorithms.ppo`; data placement in `parallel.mesh`; this module
 from __future__ import annotations
 
 import collections
+from collections.abc import Callable
 import math
 import time
 from typing import Any
@@ -14,6 +15,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.sharding import Mesh
 
 from agentenv_jax.algorithms.ppo import (
     PPOHyperparams,
@@ -61,6 +63,17 @@ def num_updates(config: ExperimentConfig) -> int:
 def minibatch_size(config: ExperimentConfig) -> int:
     rows = config.algorithm.rollout_length * config.env.global_num_envs
     return rows // config.algorithm.num_minibatches
+
+
+def jit_sharded_update(update: Callable, mesh: Mesh) -> Callable:
+    """Jit `update(state, rollout)` with the rollout's env axis sharded over `mesh` and the
+    train state replicated; the state argument is donated (updated in place)."""
+    state_sharding = replicated(mesh)
+    rollout_shardings = {name: env_axis_sharding(mesh, 2) for name in ROLLOUT_FIELDS} | {
+        "last_value": env_axis_sharding(mesh, 1)
+    }
+    return jax.jit(update, in_shardings=(state_sharding, rollout_shardings),
+                   out_shardings=(state_sharding, state_sharding), donate_argnums=(0,))
 
 
 def _merge_flat_stats(total: norm.RunningStats, flat: np.ndarray) -> norm.RunningStats:
@@ -130,10 +143,6 @@ class Learner:
             num_updates=self.num_updates,
         )
         self.mesh = make_mesh(num_devices)
-        state_sharding = replicated(self.mesh)
-        self._rollout_shardings = {
-            name: env_axis_sharding(self.mesh, 2) for name in ROLLOUT_FIELDS
-        } | {"last_value": env_axis_sharding(self.mesh, 1)}
         update = make_ppo_update(
             apply_fn,
             action_distribution(spaces.action_kind),
@@ -141,12 +150,7 @@ class Learner:
             hp,
             constrain_rows=row_constraint(self.mesh),
         )
-        self._update = jax.jit(
-            update,
-            in_shardings=(state_sharding, self._rollout_shardings),
-            out_shardings=(state_sharding, state_sharding),
-            donate_argnums=(0,),
-        )
+        self._update = jit_sharded_update(update, self.mesh)
         self.state = jax.device_put(
             TrainState(
                 params=params,
@@ -154,7 +158,7 @@ class Learner:
                 update_count=jnp.zeros((), jnp.int32),
                 key=train_key,
             ),
-            state_sharding,
+            replicated(self.mesh),
         )
         self._obs_stats = norm.empty_stats(spaces.obs_dim)
         self._return_stats = norm.empty_stats(1)
@@ -169,6 +173,11 @@ class Learner:
         self.accounting: Accounting | None = None
         self._start_time = time.perf_counter()
         self.last_record: dict[str, Any] = {}
+
+    @property
+    def obs_stats(self) -> norm.RunningStats:
+        """The global observation statistics, merged from every env rank's segments."""
+        return self._obs_stats
 
     @property
     def version(self) -> int:

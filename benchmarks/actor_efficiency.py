@@ -1,0 +1,535 @@
+"""Actor efficiency: env-rank steps/s with inference and shipping, over a plain act+step loop.
+
+Both sides step the same kind of Gymnasium vector env with the same jit-compiled `ActorPolicy`:
+
+* **plain**: `policy.act(obs)` then `vector_env.step(action)`, nothing else;
+* **framework**: the real `agentenv_jax.actor.loop.Actor` (built like `launch._build_actor`),
+  filling and shipping on-policy segments, with a minimal learner side that takes each segment
+  (`receive_round`/`release_round`) and re-broadcasts the same parameters as version + 1 (no
+  gradient update), so only the env rank's own cost is measured.
+
+The two sides run interleaved in the same process (ABAB..., the order alternating each round) and
+the script reports the median of the per-round ratios framework / plain. Goal: >= 0.9.
+
+The in-process variant uses `InProcessTransport`; the MPI variant re-launches this script under
+`mpiexec -n 2` (rank 0: the minimal learner over `MPILearnerChannel`; rank 1: the env rank over
+`MPIActorChannel`, with its XLA threads limited as `launch.run_mpi` does), so it also includes
+the synchronous round trip to a learner in another process.
+
+    python benchmarks/actor_efficiency.py                 # CartPole, 8 and 64 envs, sync+native
+    python benchmarks/actor_efficiency.py --rounds 9 --seconds 2 --envs 8 64 256
+    python benchmarks/actor_efficiency.py --no-mpi        # in-process variant only
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import math
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+REPO = Path(__file__).resolve().parent.parent
+DEFAULT_CONFIG = REPO / "experiments" / "cartpole_ppo.yaml"
+GOAL = 0.9
+RESULT_PREFIX = "ACTOR_EFFICIENCY_RESULT "
+WARMUP_SEGMENTS = 8  # > the actor's queue capacity, so compile-time timers have cycled out
+SETUP_TAG = 901  # pickled start-up / result messages of the MPI variant (not a transport tag)
+
+
+@dataclasses.dataclass
+class Phase:
+    """One timed stretch of one side: wall time, vector steps, and where the time went."""
+
+    wall_s: float
+    vector_steps: int
+    num_envs: int
+    env_s: float = 0.0
+    inference_s: float = 0.0
+    transport_s: float = 0.0
+
+    @property
+    def steps_per_s(self) -> float:
+        return self.vector_steps * self.num_envs / self.wall_s
+
+
+@dataclasses.dataclass
+class CaseResult:
+    """The rounds of one (variant, vectorization, envs) case."""
+
+    variant: str
+    vectorization: str
+    num_envs: int
+    plain: list[Phase]
+    framework: list[Phase]
+    framework_timers: list[float]  # summed actor_seconds of the measured segments (see NOTE)
+
+    @property
+    def ratios(self) -> list[float]:
+        return [
+            f.steps_per_s / p.steps_per_s for p, f in zip(self.plain, self.framework, strict=True)
+        ]
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "variant": self.variant,
+            "vectorization": self.vectorization,
+            "num_envs": self.num_envs,
+            "plain": [dataclasses.asdict(p) for p in self.plain],
+            "framework": [dataclasses.asdict(p) for p in self.framework],
+            "framework_timers": self.framework_timers,
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> CaseResult:
+        return cls(
+            data["variant"],
+            data["vectorization"],
+            data["num_envs"],
+            [Phase(**p) for p in data["plain"]],
+            [Phase(**p) for p in data["framework"]],
+            data["framework_timers"],
+        )
+
+
+@dataclasses.dataclass
+class EnvRankSetup:
+    """What both sides share: config, topology, spaces, message specs and one parameter message."""
+
+    config: Any
+    topology: Any
+    spaces: Any
+    segment_spec: Any
+    param_spec: Any
+    param_message: np.ndarray  # version 0, initial parameters, empty normalizer statistics
+
+
+def make_setup(config_path: Path, vectorization: str, num_envs: int) -> EnvRankSetup:
+    """Resolve the config for this case and build the parameter message a learner would send."""
+    import jax
+
+    from agentenv_jax.config.loading import load_config
+    from agentenv_jax.envs import normalization as norm
+    from agentenv_jax.launch import _network, _prepare_env_rank, _specs
+    from agentenv_jax.networks import init_params
+    from agentenv_jax.transport.topology import make_topology
+
+    config = load_config(
+        config_path,
+        [
+            f"env.global_num_envs={num_envs}",
+            f"env.vectorization={vectorization}",
+            "run.progress=false",
+        ],
+    )
+    topology = make_topology(config, world_size=1, rank=0)
+    probe, spaces = _prepare_env_rank(config, topology)
+    probe.close()
+    segment_specs, param_spec = _specs(config, topology, spaces)
+    module, _, layout = _network(config, spaces)
+    params = init_params(module, spaces.obs_shape, jax.random.key(config.run.seed))
+    message = param_spec.allocate()
+    fields = param_spec.views(message)
+    fields["version"][0] = 0
+    fields["params"][:] = np.asarray(layout.ravel(params))
+    for name, dim in (("obs_stats", spaces.obs_dim), ("return_stats", 1)):
+        stats = norm.empty_stats(dim)
+        fields[name][:] = np.concatenate([[stats.count], stats.mean, stats.m2])
+    return EnvRankSetup(config, topology, spaces, segment_specs[0], param_spec, message)
+
+
+class PlainLoop:
+    """`policy.act` + `vector_env.step` and nothing else (the same policy class and env)."""
+
+    def __init__(self, setup: EnvRankSetup):
+        from agentenv_jax.actor.policy import ActorPolicy
+        from agentenv_jax.envs.factory import make_vector_env
+        from agentenv_jax.launch import _network
+        from agentenv_jax.networks import action_distribution
+
+        config, spaces, topology = setup.config, setup.spaces, setup.topology
+        _, apply_fn, layout = _network(config, spaces)
+        # Constructed exactly as launch._build_actor constructs the actor's policy.
+        self._policy = ActorPolicy(
+            apply_fn,
+            layout.unravel,
+            action_distribution(spaces.action_kind),
+            spaces.action_size,
+            spaces.action_shape,
+            [config.run.seed, topology.env_offsets[topology.env_rank_index]],
+        )
+        self._policy.set_params(setup.param_spec.views(setup.param_message)["params"])
+        self._env = make_vector_env(config.env, topology.local_num_envs[0])
+        self._continuous = spaces.action_kind == "continuous"
+        if self._continuous:
+            self._low = np.asarray(spaces.action_low, dtype=np.float32)
+            self._high = np.asarray(spaces.action_high, dtype=np.float32)
+        self._obs, _ = self._env.reset(seed=config.run.seed)
+        self._rollout_length = config.algorithm.rollout_length
+
+    def run_segments(self, count: int) -> Phase:
+        steps = count * self._rollout_length
+        env_s = inference_s = 0.0
+        obs = self._obs
+        started = time.perf_counter()
+        for _ in range(steps):
+            tick = time.perf_counter()
+            action, _, _ = self._policy.act(obs)
+            if self._continuous:
+                action = np.clip(action, self._low, self._high)
+            tock = time.perf_counter()
+            obs, _, _, _, _ = self._env.step(action)
+            env_s += time.perf_counter() - tock
+            inference_s += tock - tick
+        wall_s = time.perf_counter() - started
+        self._obs = obs
+        return Phase(wall_s, steps, self._env.num_envs, env_s, inference_s)
+
+    def close(self) -> None:
+        self._env.close()
+
+
+class InProcessFramework:
+    """The real Actor over the in-process transport, fed by a learner that only echoes params."""
+
+    def __init__(self, setup: EnvRankSetup):
+        from agentenv_jax.launch import _build_actor, _prepare_env_rank
+        from agentenv_jax.transport.inprocess import InProcessTransport
+
+        self._setup = setup
+        config = setup.config
+        vector_env, spaces = _prepare_env_rank(config, setup.topology)
+        self._transport = InProcessTransport(config.topology.max_inflight_segments)
+        self._actor = _build_actor(
+            config,
+            setup.topology,
+            vector_env,
+            spaces,
+            self._transport.actor,
+            setup.segment_spec,
+            setup.param_spec,
+        )
+        self._learner = self._transport.learner
+        self._message = setup.param_message.copy()
+        self._version = setup.param_spec.views(self._message)["version"]
+        self._learner.broadcast_params(self._message)
+        self._timers = np.zeros(3)
+        self._timeout_s = config.run.transport_timeout_s
+
+    def run_segments(self, count: int) -> Phase:
+        """`count` rounds of: actor fills and ships a segment; learner takes it, sends version+1."""
+        rollout_length = self._setup.config.algorithm.rollout_length
+        timers = np.zeros(3)
+        started = time.perf_counter()
+        for _ in range(count):
+            self._actor.run_once()
+            (segment,) = self._learner.receive_round(self._timeout_s)
+            timers += self._setup.segment_spec.views(segment)["actor_seconds"]
+            self._learner.release_round()
+            self._version[0] += 1
+            self._learner.broadcast_params(self._message)
+        wall_s = time.perf_counter() - started
+        self._timers += timers
+        num_envs = self._setup.topology.local_num_envs[0]
+        return Phase(wall_s, count * rollout_length, num_envs, *timers)
+
+    def take_timers(self) -> list[float]:
+        timers, self._timers = self._timers, np.zeros(3)
+        return timers.tolist()
+
+    def close(self) -> None:
+        self._learner.request_stop()
+        self._actor.run_once()
+        self._actor.finish()
+        self._learner.collect_final_reports(self._timeout_s)
+
+
+def segments_per_phase(plain: PlainLoop, setup: EnvRankSetup, seconds: float) -> int:
+    """How many segments make a phase of about `seconds`, from a timed plain warm-up."""
+    probe = plain.run_segments(4)
+    per_segment = probe.wall_s / 4
+    return max(4, math.ceil(seconds / per_segment))
+
+
+def run_inprocess_case(
+    config_path: Path, vectorization: str, num_envs: int, rounds: int, seconds: float
+) -> CaseResult:
+    setup = make_setup(config_path, vectorization, num_envs)
+    plain = PlainLoop(setup)
+    framework = InProcessFramework(setup)
+    plain.run_segments(WARMUP_SEGMENTS)  # compiles the policy for this batch
+    framework.run_segments(WARMUP_SEGMENTS)
+    framework.take_timers()
+    count = segments_per_phase(plain, setup, seconds)
+    result = CaseResult("in-process", vectorization, num_envs, [], [], [])
+    for r in range(rounds):
+        if r % 2 == 0:
+            result.plain.append(plain.run_segments(count))
+            result.framework.append(framework.run_segments(count))
+        else:
+            result.framework.append(framework.run_segments(count))
+            result.plain.append(plain.run_segments(count))
+    result.framework_timers = framework.take_timers()
+    framework.close()
+    plain.close()
+    return result
+
+
+def mpi_worker(args: argparse.Namespace) -> None:
+    """One rank of the `mpiexec -n 2` variant: rank 0 the echoing learner, rank 1 the env rank."""
+    from mpi4py import MPI
+
+    world = MPI.COMM_WORLD
+    if world.Get_size() != 2:
+        raise SystemExit("the MPI variant needs exactly 2 ranks (mpiexec -n 2)")
+    if world.Get_rank() == 1:
+        from agentenv_jax.config.loading import load_config
+        from agentenv_jax.launch import _limit_xla_threads
+
+        # As launch.run_mpi does on env ranks, before the first XLA computation.
+        _limit_xla_threads(load_config(args.config).topology.xla_threads_on_env_ranks)
+    for vectorization in args.vectorizations:
+        for num_envs in args.envs:
+            # A fresh communicator per case: no stale credit or parameter message of an earlier
+            # case can match a receive of this one.
+            comm = world.Dup()
+            if comm.Get_rank() == 0:
+                _mpi_learner(comm)
+            else:
+                result = _mpi_env_rank(comm, args, vectorization, num_envs)
+                print(RESULT_PREFIX + json.dumps(result.as_dict()), flush=True)
+            comm.Free()
+
+
+def _mpi_learner(comm: Any) -> None:
+    from agentenv_jax.transport.mpi import MPILearnerChannel
+
+    plan = comm.recv(source=1, tag=SETUP_TAG)
+    segment_spec, param_spec = plan["segment_spec"], plan["param_spec"]
+    channel = MPILearnerChannel(
+        comm, [1], [segment_spec.nbytes], plan["max_inflight"], param_spec.nbytes
+    )
+    message = plan["param_message"]
+    version = param_spec.views(message)["version"]
+    channel.broadcast_params(message)
+    timers = np.zeros(3)
+    for index in range(plan["total_segments"]):
+        (segment,) = channel.receive_round(plan["timeout_s"])
+        if index >= plan["warmup_segments"]:
+            timers += segment_spec.views(segment)["actor_seconds"]
+        channel.release_round()
+        if index + 1 < plan["total_segments"]:
+            version[0] += 1
+            channel.broadcast_params(message)
+    channel.request_stop()
+    channel.collect_final_reports(plan["timeout_s"])
+    comm.send(timers.tolist(), dest=1, tag=SETUP_TAG)
+
+
+def _mpi_env_rank(
+    comm: Any, args: argparse.Namespace, vectorization: str, num_envs: int
+) -> CaseResult:
+    from agentenv_jax.launch import _build_actor, _prepare_env_rank
+    from agentenv_jax.transport.mpi import MPIActorChannel
+
+    setup = make_setup(args.config, vectorization, num_envs)
+    config = setup.config
+    plain = PlainLoop(setup)
+    plain.run_segments(WARMUP_SEGMENTS)
+    count = segments_per_phase(plain, setup, args.seconds)
+    comm.send(
+        {
+            "segment_spec": setup.segment_spec,
+            "param_spec": setup.param_spec,
+            "param_message": setup.param_message,
+            "max_inflight": config.topology.max_inflight_segments,
+            "warmup_segments": WARMUP_SEGMENTS,
+            "total_segments": WARMUP_SEGMENTS + args.rounds * count,
+            "timeout_s": config.run.transport_timeout_s,
+        },
+        dest=0,
+        tag=SETUP_TAG,
+    )
+    vector_env, spaces = _prepare_env_rank(config, setup.topology)
+    channel = MPIActorChannel(comm, learner_rank=0, param_nbytes=setup.param_spec.nbytes)
+    actor = _build_actor(
+        config, setup.topology, vector_env, spaces, channel, setup.segment_spec, setup.param_spec
+    )
+    rollout_length = config.algorithm.rollout_length
+
+    def framework_phase(segments: int) -> Phase:
+        started = time.perf_counter()
+        for _ in range(segments):
+            actor.run_once()
+        return Phase(time.perf_counter() - started, segments * rollout_length, num_envs)
+
+    framework_phase(WARMUP_SEGMENTS)
+    result = CaseResult("mpi -n 2", vectorization, num_envs, [], [], [])
+    for r in range(args.rounds):
+        if r % 2 == 0:
+            result.plain.append(plain.run_segments(count))
+            result.framework.append(framework_phase(count))
+        else:
+            result.framework.append(framework_phase(count))
+            result.plain.append(plain.run_segments(count))
+    if actor.run_once():
+        raise RuntimeError("the echoing learner did not ask the env rank to stop")
+    actor.finish()
+    plain.close()
+    result.framework_timers = comm.recv(source=0, tag=SETUP_TAG)
+    return result
+
+
+def find_mpiexec() -> str | None:
+    """The mpiexec next to this Python (the mpich wheel puts it there), else the one on PATH."""
+    beside = Path(sys.executable).parent / "mpiexec"
+    return str(beside) if beside.exists() else shutil.which("mpiexec")
+
+
+def run_mpi_cases(args: argparse.Namespace) -> list[CaseResult]:
+    mpiexec = find_mpiexec()
+    if mpiexec is None:
+        print("mpiexec not found: skipping the MPI variant", file=sys.stderr)
+        return []
+    command = [
+        mpiexec,
+        "-n",
+        "2",
+        sys.executable,
+        str(Path(__file__).resolve()),
+        "--mpi-worker",
+        "--config",
+        str(args.config),
+        "--rounds",
+        str(args.rounds),
+        "--seconds",
+        str(args.seconds),
+        "--vectorizations",
+        *args.vectorizations,
+        "--envs",
+        *map(str, args.envs),
+    ]
+    # Under mpiexec the ranks must not think they were launched by an outer job.
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PMI_", "OMPI_", "PMIX_"))}
+    done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=args.timeout)
+    if done.returncode != 0:
+        raise RuntimeError(
+            f"MPI variant failed (exit {done.returncode}):\n{done.stdout}\n{done.stderr}"
+        )
+    return [
+        CaseResult.from_dict(json.loads(line[len(RESULT_PREFIX) :]))
+        for line in done.stdout.splitlines()
+        if line.startswith(RESULT_PREFIX)
+    ]
+
+
+def _us(seconds: float, vector_steps: int) -> str:
+    return f"{1e6 * seconds / vector_steps:7.1f}"
+
+
+def print_report(results: list[CaseResult]) -> None:
+    """One line per case: median steps/s of both sides, the median ratio, and a breakdown."""
+    header = (
+        f"{'variant':<11} {'vec':<6} {'envs':>4} | {'plain steps/s':>13} {'actor steps/s':>13} | "
+        f"{'ratio':>5} {'min':>5} {'max':>5} {'goal':>5} | "
+        f"{'plain us/vstep':>14} | {'actor us/vstep (env  infer  transp  other)':>44}"
+    )
+    print(header)
+    print("-" * len(header))
+    for case in results:
+        ratios = case.ratios
+        plain_rate = statistics.median(p.steps_per_s for p in case.plain)
+        fw_rate = statistics.median(f.steps_per_s for f in case.framework)
+        plain_steps = sum(p.vector_steps for p in case.plain)
+        plain_wall = sum(p.wall_s for p in case.plain)
+        fw_steps = sum(f.vector_steps for f in case.framework)
+        fw_wall = sum(f.wall_s for f in case.framework)
+        env_s, infer_s, transport_s = case.framework_timers
+        other_s = fw_wall - env_s - infer_s - transport_s
+        ok = "ok" if statistics.median(ratios) >= GOAL else "MISS"
+        print(
+            f"{case.variant:<11} {case.vectorization:<6} {case.num_envs:>4} | "
+            f"{plain_rate:>13,.0f} {fw_rate:>13,.0f} | "
+            f"{statistics.median(ratios):5.3f} {min(ratios):5.3f} {max(ratios):5.3f} "
+            f"{ok:>5} | "
+            f"{_us(plain_wall, plain_steps)} "
+            f"({_us(sum(p.env_s for p in case.plain), plain_steps).strip()} env "
+            f"+ {_us(sum(p.inference_s for p in case.plain), plain_steps).strip()} inf) | "
+            f"{_us(fw_wall, fw_steps)} ({_us(env_s, fw_steps)} {_us(infer_s, fw_steps)} "
+            f"{_us(transport_s, fw_steps)} {_us(other_s, fw_steps)})"
+        )
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--config", type=Path, default=DEFAULT_CONFIG, help="experiment YAML")
+    parser.add_argument("--envs", type=int, nargs="+", default=[8, 64], help="envs per env rank")
+    parser.add_argument(
+        "--vectorizations",
+        nargs="+",
+        default=["sync", "native"],
+        choices=["sync", "native", "async"],
+        help="gymnasium vector env kinds to measure",
+    )
+    parser.add_argument("--rounds", type=int, default=5, help="plain/framework pairs per case")
+    parser.add_argument("--seconds", type=float, default=1.0, help="approx. seconds per phase")
+    parser.add_argument("--no-mpi", action="store_true", help="skip the mpiexec -n 2 variant")
+    parser.add_argument("--no-inprocess", action="store_true", help="skip the in-process variant")
+    parser.add_argument("--timeout", type=float, default=900.0, help="limit for the MPI job (s)")
+    parser.add_argument("--json", type=Path, help="also write every phase to this JSON file")
+    parser.add_argument("--mpi-worker", action="store_true", help=argparse.SUPPRESS)
+    return parser
+
+
+def _describe_machine() -> str:
+    import jax
+
+    return (
+        f"{os.cpu_count()} CPUs, python {sys.version.split()[0]}, jax {jax.__version__}, "
+        f"numpy {np.__version__}"
+    )
+
+
+def main() -> None:
+    args = _parser().parse_args()
+    if args.mpi_worker:
+        mpi_worker(args)
+        return
+    print(f"actor efficiency: {args.config.name}, {_describe_machine()}")
+    print(
+        f"{args.rounds} rounds of ~{args.seconds:g} s per side; ratio = framework / plain "
+        f"steps/s, median over rounds (goal >= {GOAL})\n"
+    )
+    results: list[CaseResult] = []
+    if not args.no_inprocess:
+        for vectorization in args.vectorizations:
+            for num_envs in args.envs:
+                results.append(
+                    run_inprocess_case(
+                        args.config, vectorization, num_envs, args.rounds, args.seconds
+                    )
+                )
+    if not args.no_mpi:
+        results.extend(run_mpi_cases(args))
+    print_report(results)
+    print(
+        "\nus/vstep: microseconds per vector step (one policy call + one env.step of all envs). "
+        "The actor's\nbreakdown is its own segment timers (env.step; policy calls; waiting for "
+        "params + shipping);\n'other' is the rest: segment bookkeeping and, in-process, the "
+        "echoing learner's copies."
+    )
+    if args.json:
+        args.json.write_text(json.dumps([r.as_dict() for r in results], indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()

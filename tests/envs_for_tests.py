@@ -1,0 +1,34 @@
+"""Small env factories used by the tests through `env.id: envs_for_tests:<factory>`."""
+
+from __future__ import annotations
+
+import gymnasium as gym
+import numpy as np
+
+
+def broken_env() -> gym.Env:
+    """A factory that fails the way a missing simulator asset would."""
+    raise RuntimeError("simulator asset 'robot.xml' not found")
+
+
+class DictObservationEnv(gym.Env):
+    """An env whose observation space the framework does not support yet."""
+
+    observation_space = gym.spaces.Dict({"position": gym.spaces.Box(-1, 1, (2,), np.float32)})
+    action_space = gym.spaces.Discrete(2)
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        return {"position": np.zeros(2, np.float32)}, {}
+
+    def step(self, action):
+        return {"position": np.zeros(2, np.float32)}, 0.0, True, False, {}
+
+
+def dict_observation_env() -> gym.Env:
+    return DictObservationEnv()
+
+
+def cartpole(**kwargs) -> gym.Env:
+    """CartPole through an entry point rather than its registered id."""
+    return gym.make("CartPole-v1", **kwargs)
