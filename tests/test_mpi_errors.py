@@ -1,0 +1,74 @@
+"""Bad input under `mpiexec -n 3`: non-zero exit within 30 s, one clear message, no rank left."""
+
+from __future__ import annotations
+
+import os
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+from conftest import EXPERIMENTS, REPO, agentenv_command, mpiexec_path, run_command
+
+CARTPOLE = str(EXPERIMENTS / "cartpole_ppo.yaml")
+
+BAD_INPUTS = {
+    "unknown_key": (["--set", "algorithm.gama=0.9"],
+                    "unknown key 'algorithm.gama' (did you mean 'gamma'?)"),
+    "bad_value": (["--set", "algorithm.gamma=1.5"],
+                  "algorithm.gamma = 1.5 is not allowed: expected a number in [0, 1]"),
+    "wrong_type": (["--set", "run.total_env_steps=lots"],
+                   "run.total_env_steps = 'lots' is not allowed: expected an integer"),
+    "unknown_env_id": (["--set", "env.id=CartPol-v1"],
+                       "env.id = 'CartPol-v1' is not a registered Gymnasium environment "
+                       "(did you mean 'CartPole-v1'?)"),
+    "env_factory_raises": (["--set", "env.id=envs_for_tests:broken_env"],
+                           "RuntimeError: simulator asset 'robot.xml' not found"),
+    "unsupported_space": (["--set", "env.id=envs_for_tests:dict_observation_env"],
+                          "which is not supported: expected a Box"),
+    "too_many_devices": (["--set", "topology.learner_devices=64"],
+                         "topology.learner_devices = 64 is not allowed"),
+}
+
+
+def _processes_with(marker: str) -> list[str]:
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+        except OSError:
+            continue
+        if marker in cmdline:
+            found.append(f"{entry.name}: {cmdline}")
+    return found
+
+
+@pytest.mark.parametrize("name", sorted(BAD_INPUTS))
+def test_bad_input_fails_fast_on_every_rank(name, tmp_path):
+    overrides, message = BAD_INPUTS[name]
+    marker = f"run.name=bad-{uuid.uuid4().hex[:12]}"
+    started = time.monotonic()
+    proc = run_command(
+        [mpiexec_path(), "-n", "3", *agentenv_command(
+            "train", CARTPOLE, *overrides, "--set", f"run.run_dir={tmp_path}", "--set", marker)],
+        timeout=30, cwd=REPO)
+    elapsed = time.monotonic() - started
+    assert proc.returncode != 0
+    assert elapsed < 30
+    assert message in proc.stderr, proc.stderr[-3000:]
+    assert proc.stderr.count("agentenv: error:") == 1, proc.stderr[-3000:]
+    assert "Traceback" not in proc.stderr
+    time.sleep(0.5)
+    assert _processes_with(marker) == []
+
+
+def test_missing_config_file_is_one_clear_error(tmp_path):
+    proc = run_command([mpiexec_path(), "-n", "3",
+                        *agentenv_command("train", str(tmp_path / "nope.yaml"))],
+                       timeout=30, cwd=REPO)
+    assert proc.returncode != 0
+    assert proc.stderr.count("agentenv: error:") == 1
+    assert "does not exist" in proc.stderr
