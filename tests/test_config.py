@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import pytest
 import yaml
-from conftest import EXPERIMENTS
 
 from agentenv_jax.config import ConfigError, ExperimentConfig, load_config, save_config
 from agentenv_jax.config.reference import config_reference
 from agentenv_jax.transport.topology import make_topology
+
+from conftest import EXPERIMENTS
 
 
 def test_defaults_validate_and_match_the_schema():

@@ -14,21 +14,35 @@ from conftest import EXPERIMENTS, REPO, agentenv_command, mpiexec_path, run_comm
 CARTPOLE = str(EXPERIMENTS / "cartpole_ppo.yaml")
 
 BAD_INPUTS = {
-    "unknown_key": (["--set", "algorithm.gama=0.9"],
-                    "unknown key 'algorithm.gama' (did you mean 'gamma'?)"),
-    "bad_value": (["--set", "algorithm.gamma=1.5"],
-                  "algorithm.gamma = 1.5 is not allowed: expected a number in [0, 1]"),
-    "wrong_type": (["--set", "run.total_env_steps=lots"],
-                   "run.total_env_steps = 'lots' is not allowed: expected an integer"),
-    "unknown_env_id": (["--set", "env.id=CartPol-v1"],
-                       "env.id = 'CartPol-v1' is not a registered Gymnasium environment "
-                       "(did you mean 'CartPole-v1'?)"),
-    "env_factory_raises": (["--set", "env.id=envs_for_tests:broken_env"],
-                           "RuntimeError: simulator asset 'robot.xml' not found"),
-    "unsupported_space": (["--set", "env.id=envs_for_tests:dict_observation_env"],
-                          "which is not supported: expected a Box"),
-    "too_many_devices": (["--set", "topology.learner_devices=64"],
-                         "topology.learner_devices = 64 is not allowed"),
+    "unknown_key": (
+        ["--set", "algorithm.gama=0.9"],
+        "unknown key 'algorithm.gama' (did you mean 'gamma'?)",
+    ),
+    "bad_value": (
+        ["--set", "algorithm.gamma=1.5"],
+        "algorithm.gamma = 1.5 is not allowed: expected a number in [0, 1]",
+    ),
+    "wrong_type": (
+        ["--set", "run.total_env_steps=lots"],
+        "run.total_env_steps = 'lots' is not allowed: expected an integer",
+    ),
+    "unknown_env_id": (
+        ["--set", "env.id=CartPol-v1"],
+        "env.id = 'CartPol-v1' is not a registered Gymnasium environment "
+        "(did you mean 'CartPole-v1'?)",
+    ),
+    "env_factory_raises": (
+        ["--set", "env.id=envs_for_tests:broken_env"],
+        "RuntimeError: simulator asset 'robot.xml' not found",
+    ),
+    "unsupported_space": (
+        ["--set", "env.id=envs_for_tests:dict_observation_env"],
+        "which is not supported: expected a Box",
+    ),
+    "too_many_devices": (
+        ["--set", "topology.learner_devices=64"],
+        "topology.learner_devices = 64 is not allowed",
+    ),
 }
 
 
@@ -52,9 +66,17 @@ def test_bad_input_fails_fast_on_every_rank(name, tmp_path):
     marker = f"run.name=bad-{uuid.uuid4().hex[:12]}"
     started = time.monotonic()
     proc = run_command(
-        [mpiexec_path(), "-n", "3", *agentenv_command(
-            "train", CARTPOLE, *overrides, "--set", f"run.run_dir={tmp_path}", "--set", marker)],
-        timeout=30, cwd=REPO)
+        [
+            mpiexec_path(),
+            "-n",
+            "3",
+            *agentenv_command(
+                "train", CARTPOLE, *overrides, "--set", f"run.run_dir={tmp_path}", "--set", marker
+            ),
+        ],
+        timeout=30,
+        cwd=REPO,
+    )
     elapsed = time.monotonic() - started
     assert proc.returncode != 0
     assert elapsed < 30
@@ -66,9 +88,11 @@ def test_bad_input_fails_fast_on_every_rank(name, tmp_path):
 
 
 def test_missing_config_file_is_one_clear_error(tmp_path):
-    proc = run_command([mpiexec_path(), "-n", "3",
-                        *agentenv_command("train", str(tmp_path / "nope.yaml"))],
-                       timeout=30, cwd=REPO)
+    proc = run_command(
+        [mpiexec_path(), "-n", "3", *agentenv_command("train", str(tmp_path / "nope.yaml"))],
+        timeout=30,
+        cwd=REPO,
+    )
     assert proc.returncode != 0
     assert proc.stderr.count("agentenv: error:") == 1
     assert "does not exist" in proc.stderr

@@ -49,11 +49,17 @@ def test_update_equal_on_one_and_eight_host_devices():
     env = dict(os.environ)
     env["XLA_FLAGS"] = "--xla_force_host_platform_device_count=8"
     env["PYTHONPATH"] = os.pathsep.join([str(REPO / "tests"), env.get("PYTHONPATH", "")])
-    proc = subprocess.run([sys.executable, "-c", SCRIPT], env=env, capture_output=True,
-                          text=True, timeout=300, cwd=REPO)
+    proc = subprocess.run(
+        [sys.executable, "-c", SCRIPT],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=REPO,
+    )
     assert proc.returncode == 0, proc.stderr[-4000:]
     line = next(x for x in proc.stdout.splitlines() if x.startswith("RESULT"))
-    results = json.loads(line[len("RESULT"):])
+    results = json.loads(line[len("RESULT") :])
     one, eight = results["1"], results["8"]
     assert one["devices"] == 1 and eight["devices"] == 8
     assert eight["replicated"], "parameters must stay replicated over the mesh"
@@ -62,7 +68,8 @@ def test_update_equal_on_one_and_eight_host_devices():
     for a, b in zip(one["params"], eight["params"], strict=True):
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=2e-5, atol=2e-6)
     for name, value in one["metrics"].items():
-        np.testing.assert_allclose(eight["metrics"][name], value, rtol=1e-4, atol=1e-6,
-                                   err_msg=name)
+        np.testing.assert_allclose(
+            eight["metrics"][name], value, rtol=1e-4, atol=1e-6, err_msg=name
+        )
     # The update must actually have moved the parameters for the comparison to mean anything.
     assert one["metrics"]["grad_norm"] > 0

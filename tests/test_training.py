@@ -12,6 +12,7 @@ import yaml
 from agentenv_jax.config import load_config
 from agentenv_jax.launch import train
 from agentenv_jax.metrics.logger import read_metrics
+
 from conftest import EXPERIMENTS, REPO, agentenv_command, mpiexec_path, run_command
 
 CARTPOLE = EXPERIMENTS / "cartpole_ppo.yaml"
@@ -28,8 +29,15 @@ def assert_reconciles(accounting: dict) -> None:
 
 @pytest.mark.slow
 def test_one_process_cartpole_reaches_threshold(run_dir):
-    config = load_config(CARTPOLE, [f"run.run_dir={run_dir}", "run.name=one",
-                                    f"run.stop_at_return={THRESHOLD}", "run.progress=false"])
+    config = load_config(
+        CARTPOLE,
+        [
+            f"run.run_dir={run_dir}",
+            "run.name=one",
+            f"run.stop_at_return={THRESHOLD}",
+            "run.progress=false",
+        ],
+    )
     result = train(config)
     assert result.episode_return_mean >= THRESHOLD
     assert result.env_steps <= BUDGET
@@ -37,11 +45,23 @@ def test_one_process_cartpole_reaches_threshold(run_dir):
     records = read_metrics(result.run_dir / "metrics.jsonl")
     assert len(records) == result.updates
     last = records[-1]
-    for key in ("env_steps", "steps_per_s", "episode_return_mean", "episode_length_mean",
-                "loss/policy", "loss/value", "loss/entropy", "approx_kl", "clip_fraction",
-                "policy_lag_mean", "time/learner_update_s", "time/learner_wait_s",
-                "time/actor_env_step_s", "time/actor_inference_s",
-                "time/actor_transport_wait_s"):
+    for key in (
+        "env_steps",
+        "steps_per_s",
+        "episode_return_mean",
+        "episode_length_mean",
+        "loss/policy",
+        "loss/value",
+        "loss/entropy",
+        "approx_kl",
+        "clip_fraction",
+        "policy_lag_mean",
+        "time/learner_update_s",
+        "time/learner_wait_s",
+        "time/actor_env_step_s",
+        "time/actor_inference_s",
+        "time/actor_transport_wait_s",
+    ):
         assert key in last and last[key] is not None, key
     assert last["policy_lag_max"] == 0  # synchronous PPO
     assert [r["env_steps"] for r in records] == sorted(r["env_steps"] for r in records)
@@ -51,10 +71,24 @@ def test_one_process_cartpole_reaches_threshold(run_dir):
 @pytest.mark.slow
 def test_mpiexec_three_ranks_cartpole_reaches_threshold_and_reconciles(run_dir):
     proc = run_command(
-        [mpiexec_path(), "-n", "3", *agentenv_command(
-            "train", str(CARTPOLE), "--set", f"run.run_dir={run_dir}", "--set", "run.name=mpi",
-            "--set", f"run.stop_at_return={THRESHOLD}")],
-        timeout=300, cwd=REPO)
+        [
+            mpiexec_path(),
+            "-n",
+            "3",
+            *agentenv_command(
+                "train",
+                str(CARTPOLE),
+                "--set",
+                f"run.run_dir={run_dir}",
+                "--set",
+                "run.name=mpi",
+                "--set",
+                f"run.stop_at_return={THRESHOLD}",
+            ),
+        ],
+        timeout=300,
+        cwd=REPO,
+    )
     assert proc.returncode == 0, proc.stderr[-4000:]
     summary = json.loads((run_dir / "mpi" / "summary.json").read_text())
     assert summary["topology"].startswith("1 learner + 2 env rank(s), 8 envs")
@@ -68,9 +102,17 @@ def test_mpiexec_three_ranks_cartpole_reaches_threshold_and_reconciles(run_dir):
 
 def test_native_vectorization_pads_auto_reset_rows_and_still_reconciles(run_dir):
     """CartPole's native vector env auto-resets on the next step; those rows are not counted."""
-    config = load_config(CARTPOLE, [f"run.run_dir={run_dir}", "run.name=native",
-                                    "env.vectorization=native", "run.total_env_steps=4096",
-                                    "env.max_episode_steps=20", "run.progress=false"])
+    config = load_config(
+        CARTPOLE,
+        [
+            f"run.run_dir={run_dir}",
+            "run.name=native",
+            "env.vectorization=native",
+            "run.total_env_steps=4096",
+            "env.max_episode_steps=20",
+            "run.progress=false",
+        ],
+    )
     result = train(config)
     assert_reconciles(result.accounting)
     rows = 16 * 32 * 8
@@ -82,8 +124,10 @@ def test_native_vectorization_pads_auto_reset_rows_and_still_reconciles(run_dir)
 
 @pytest.mark.parametrize("path", sorted(EXPERIMENTS.glob("*.yaml")), ids=lambda p: p.name)
 def test_every_experiment_runs_with_a_tiny_budget(path, run_dir):
-    config = load_config(path, [f"run.run_dir={run_dir}", "run.name=smoke",
-                                "run.total_env_steps=1", "run.progress=false"])
+    config = load_config(
+        path,
+        [f"run.run_dir={run_dir}", "run.name=smoke", "run.total_env_steps=1", "run.progress=false"],
+    )
     result = train(config)
     assert result.updates == 1
     assert_reconciles(result.accounting)
@@ -91,16 +135,34 @@ def test_every_experiment_runs_with_a_tiny_budget(path, run_dir):
 
 
 def test_cli_entry_point_env_with_overrides_writes_run_dir(run_dir):
-    proc = run_command(agentenv_command(
-        "train", "--set", "env.id=envs_for_tests:cartpole", "--set", f"run.run_dir={run_dir}",
-        "--set", "run.name=cli", "--set", "run.total_env_steps=512",
-        "--set", "algorithm.num_epochs=2", "--set", "env.global_num_envs=4",
-        "--set", "env.normalize_obs=true", "--set", "env.normalize_reward=true"),
-        timeout=120, cwd=REPO)
+    proc = run_command(
+        agentenv_command(
+            "train",
+            "--set",
+            "env.id=envs_for_tests:cartpole",
+            "--set",
+            f"run.run_dir={run_dir}",
+            "--set",
+            "run.name=cli",
+            "--set",
+            "run.total_env_steps=512",
+            "--set",
+            "algorithm.num_epochs=2",
+            "--set",
+            "env.global_num_envs=4",
+            "--set",
+            "env.normalize_obs=true",
+            "--set",
+            "env.normalize_reward=true",
+        ),
+        timeout=120,
+        cwd=REPO,
+    )
     assert proc.returncode == 0, proc.stderr[-4000:]
     out = run_dir / "cli"
     assert yaml.safe_load((out / "config.yaml").read_text())["env"]["id"] == (
-        "envs_for_tests:cartpole")
+        "envs_for_tests:cartpole"
+    )
     assert len(read_metrics(out / "metrics.jsonl")) == 4
     assert json.loads((out / "summary.json").read_text())["accounting"]["reconciles"]
 
@@ -108,11 +170,28 @@ def test_cli_entry_point_env_with_overrides_writes_run_dir(run_dir):
 def test_observation_statistics_are_merged_across_env_ranks(run_dir):
     """Under mpiexec every env rank must normalize with the same (global) statistics."""
     proc = run_command(
-        [mpiexec_path(), "-n", "3", *agentenv_command(
-            "train", str(EXPERIMENTS / "pendulum_ppo.yaml"), "--set", f"run.run_dir={run_dir}",
-            "--set", "run.name=norm", "--set", "run.total_env_steps=8192",
-            "--set", "algorithm.num_epochs=1", "--set", "run.progress=false")],
-        timeout=300, cwd=REPO)
+        [
+            mpiexec_path(),
+            "-n",
+            "3",
+            *agentenv_command(
+                "train",
+                str(EXPERIMENTS / "pendulum_ppo.yaml"),
+                "--set",
+                f"run.run_dir={run_dir}",
+                "--set",
+                "run.name=norm",
+                "--set",
+                "run.total_env_steps=8192",
+                "--set",
+                "algorithm.num_epochs=1",
+                "--set",
+                "run.progress=false",
+            ),
+        ],
+        timeout=300,
+        cwd=REPO,
+    )
     assert proc.returncode == 0, proc.stderr[-4000:]
     summary = json.loads((run_dir / "norm" / "summary.json").read_text())
     assert summary["topology"].startswith("1 learner + 2 env rank(s), 16 envs")

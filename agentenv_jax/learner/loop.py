@@ -7,9 +7,9 @@ The maths is in `algorithms.ppo`; data placement in `parallel.mesh`; this module
 from __future__ import annotations
 
 import collections
-from collections.abc import Callable
 import math
 import time
+from collections.abc import Callable
 from typing import Any
 
 import jax
@@ -72,8 +72,12 @@ def jit_sharded_update(update: Callable, mesh: Mesh) -> Callable:
     rollout_shardings = {name: env_axis_sharding(mesh, 2) for name in ROLLOUT_FIELDS} | {
         "last_value": env_axis_sharding(mesh, 1)
     }
-    return jax.jit(update, in_shardings=(state_sharding, rollout_shardings),
-                   out_shardings=(state_sharding, state_sharding), donate_argnums=(0,))
+    return jax.jit(
+        update,
+        in_shardings=(state_sharding, rollout_shardings),
+        out_shardings=(state_sharding, state_sharding),
+        donate_argnums=(0,),
+    )
 
 
 def _merge_flat_stats(total: norm.RunningStats, flat: np.ndarray) -> norm.RunningStats:
