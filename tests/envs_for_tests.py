@@ -32,3 +32,21 @@ def dict_observation_env() -> gym.Env:
 def cartpole(**kwargs) -> gym.Env:
     """CartPole through an entry point rather than its registered id."""
     return gym.make("CartPole-v1", **kwargs)
+
+
+class CrashingCartPole(gym.Wrapper):
+    """CartPole whose simulator fails after a number of steps (a mid-run crash)."""
+
+    def __init__(self, crash_after: int):
+        super().__init__(gym.make("CartPole-v1"))
+        self._steps_left = crash_after
+
+    def step(self, action):
+        self._steps_left -= 1
+        if self._steps_left < 0:
+            raise RuntimeError("simulator diverged")
+        return self.env.step(action)
+
+
+def crashing_cartpole(crash_after: int = 300) -> gym.Env:
+    return CrashingCartPole(crash_after)

@@ -96,3 +96,32 @@ def test_missing_config_file_is_one_clear_error(tmp_path):
     assert proc.returncode != 0
     assert proc.stderr.count("agentenv: error:") == 1
     assert "does not exist" in proc.stderr
+
+
+def test_env_crash_mid_run_stops_the_whole_job(tmp_path):
+    """An unexpected error on one env rank aborts every rank, with that rank's traceback."""
+    marker = f"run.name=crash-{uuid.uuid4().hex[:12]}"
+    proc = run_command(
+        [
+            mpiexec_path(),
+            "-n",
+            "3",
+            *agentenv_command(
+                "train",
+                CARTPOLE,
+                "--set",
+                "env.id=envs_for_tests:crashing_cartpole",
+                "--set",
+                f"run.run_dir={tmp_path}",
+                "--set",
+                marker,
+            ),
+        ],
+        timeout=60,
+        cwd=REPO,
+    )
+    assert proc.returncode != 0
+    assert "RuntimeError: simulator diverged" in proc.stderr
+    assert "[rank 1]" in proc.stderr or "[rank 2]" in proc.stderr
+    time.sleep(0.5)
+    assert _processes_with(marker) == []

@@ -134,6 +134,27 @@ def test_every_experiment_runs_with_a_tiny_budget(path, run_dir):
     assert math.isfinite(read_metrics(result.run_dir / "metrics.jsonl")[0]["loss/total"])
 
 
+def test_async_vectorization_bootstraps_truncated_episodes_from_final_observations(run_dir):
+    """AsyncVectorEnv (SAME_STEP autoreset) hands final observations back through `info`."""
+    config = load_config(
+        CARTPOLE,
+        [
+            f"run.run_dir={run_dir}",
+            "run.name=async",
+            "env.vectorization=async",
+            "env.global_num_envs=2",
+            "env.max_episode_steps=10",
+            "run.total_env_steps=640",
+            "algorithm.num_epochs=1",
+            "run.progress=false",
+        ],
+    )
+    result = train(config)
+    assert_reconciles(result.accounting)
+    assert result.env_steps == 640  # SAME_STEP: no padding rows
+    assert result.episode_return_mean <= 10
+
+
 def test_cli_entry_point_env_with_overrides_writes_run_dir(run_dir):
     proc = run_command(
         agentenv_command(
