@@ -55,12 +55,16 @@ def launched_by_mpi() -> bool:
     )
 
 
-def _limit_xla_threads(threads: int) -> None:
-    # Read when the XLA backend starts (first computation), so this must run before any.
+def _single_threaded_xla() -> None:
+    """Make XLA's CPU backend single-threaded in this process (an env rank).
+
+    Env ranks' inference calls are tiny; a multi-threaded Eigen pool per rank only oversubscribes
+    the cores that step the envs. XLA reads the flag when its backend starts, so this must run
+    before the first computation.
+    """
     flags = os.environ.get("XLA_FLAGS", "")
-    if "intra_op_parallelism_threads" not in flags:
-        extra = "--xla_cpu_multi_thread_eigen=false" if threads == 1 else ""
-        os.environ["XLA_FLAGS"] = f"{flags} {extra} intra_op_parallelism_threads={threads}".strip()
+    if "--xla_cpu_multi_thread_eigen" not in flags:
+        os.environ["XLA_FLAGS"] = f"{flags} --xla_cpu_multi_thread_eigen=false".strip()
 
 
 def _run_dir(config: ExperimentConfig) -> Path:
@@ -283,8 +287,8 @@ def run_mpi(config: ExperimentConfig) -> TrainResult:
     if world.size == 1:
         return run_single_process(config)
     topology = make_topology(config, world.size, world.rank)
-    if topology.is_env_rank:
-        _limit_xla_threads(config.topology.xla_threads_on_env_ranks)
+    if topology.is_env_rank and config.topology.single_threaded_env_ranks:
+        _single_threaded_xla()
 
     # Start-up agreement: every rank reports whether its role could start; if any could not,
     # every rank raises the same error, so no rank is left waiting for a peer.

@@ -130,7 +130,7 @@ class TopologyConfig:
     num_learner_ranks: int = 1  # learner processes (ranks 0..L-1); currently exactly 1
     learner_devices: int = 0  # local JAX devices in the learner mesh (0: all local devices)
     max_inflight_segments: int = 2  # credits: segments an env rank may have in flight
-    xla_threads_on_env_ranks: int = 1  # XLA CPU threads on env ranks (inference is small)
+    single_threaded_env_ranks: bool = True  # run XLA single-threaded on env ranks (small calls)
 
     def validate(self, prefix: str) -> None:
         _require(
@@ -149,12 +149,6 @@ class TopologyConfig:
             self.max_inflight_segments >= 1,
             f"{prefix}.max_inflight_segments",
             self.max_inflight_segments,
-            "an integer >= 1",
-        )
-        _require(
-            self.xla_threads_on_env_ranks >= 1,
-            f"{prefix}.xla_threads_on_env_ranks",
-            self.xla_threads_on_env_ranks,
             "an integer >= 1",
         )
 
