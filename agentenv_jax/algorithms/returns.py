@@ -71,3 +71,59 @@ def compute_gae(
         backward, jnp.zeros_like(deltas[0]), (deltas, continues), reverse=True
     )
     return advantages, advantages + values
+
+
+def compute_vtrace(
+    log_rhos: jax.Array,
+    rewards: jax.Array,
+    values: jax.Array,
+    next_values: jax.Array,
+    episode_ends: jax.Array,
+    gamma: float | jax.Array,
+    clip_rho_threshold: float = 1.0,
+    clip_c_threshold: float = 1.0,
+    clip_pg_rho_threshold: float = 1.0,
+) -> tuple[jax.Array, jax.Array]:
+    """V-trace targets and policy-gradient advantages (Espeholt et al., 2018).
+
+    `v_s = V(x_s) + sum_{t>=s} gamma^{t-s} (prod_{i=s}^{t-1} c_i) rho_t delta_t` within the
+    episode, computed backwards as `v_s - V(x_s) = rho_s delta_s + gamma c_s (v_{s+1} - V(x_{s+1}))`
+    with `delta_t = r_t + gamma V(x_{t+1}) - V(x_t)`, `rho_t = min(rho_bar, pi/mu)` and
+    `c_t = min(c_bar, pi/mu)`. The recursion restarts wherever an episode ended.
+
+    Args:
+      log_rhos: `[T, B]` log pi(a_t|x_t) - log mu(a_t|x_t) (target over behaviour policy).
+      rewards: `[T, B]`.
+      values: `[T, B]` V(x_t) under the current value function.
+      next_values: `[T, B]` V(x_{t+1}) already zeroed at terminal states and set to the final
+        observation's value at truncations (see `next_state_values`).
+      episode_ends: `[T, B]` bool, the episode ended (terminated or truncated) at step t.
+      gamma: discount factor.
+      clip_rho_threshold, clip_c_threshold, clip_pg_rho_threshold: rho_bar, c_bar, and the clip
+        of the importance weight in the policy-gradient advantage.
+
+    Returns:
+      `(vs, pg_advantages)`, both `[T, B]`: value targets, and
+      `rho_pg_t * (r_t + gamma v_{t+1} - V(x_t))` for the policy gradient, where `v_{t+1}` is
+      `next_values_t` at an episode end or after the last step.
+    """
+    rhos = jnp.exp(log_rhos)
+    clipped_rhos = jnp.minimum(clip_rho_threshold, rhos)
+    cs = jnp.minimum(clip_c_threshold, rhos)
+    continues = 1.0 - episode_ends.astype(values.dtype)
+    deltas = clipped_rhos * (rewards + gamma * next_values - values)
+
+    def backward(carry: jax.Array, inputs: tuple[jax.Array, ...]) -> tuple[jax.Array, ...]:
+        delta, cont, c = inputs
+        correction = delta + gamma * cont * c * carry
+        return correction, correction
+
+    _, corrections = jax.lax.scan(
+        backward, jnp.zeros_like(values[0]), (deltas, continues, cs), reverse=True
+    )
+    vs = values + corrections
+    following = jnp.concatenate([vs[1:], next_values[-1:]], axis=0)
+    vs_next = jnp.where(episode_ends, next_values, following)
+    pg_rhos = jnp.minimum(clip_pg_rho_threshold, rhos)
+    pg_advantages = pg_rhos * (rewards + gamma * vs_next - values)
+    return vs, pg_advantages
