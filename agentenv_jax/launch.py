@@ -137,6 +137,7 @@ def _build_actor(config, topology, vector_env, spaces, channel, segment_spec, pa
         clip_obs=config.env.clip_obs,
         clip_reward=config.env.clip_reward,
         max_inflight_segments=config.topology.max_inflight_segments,
+        max_policy_lag=getattr(config.algorithm, "max_policy_lag", 0),
         timeout_s=config.run.transport_timeout_s,
     )
 
@@ -268,7 +269,8 @@ def run_single_process(config: ExperimentConfig) -> TrainResult:
         )
         learner.start()
         while not learner.done:
-            actor.run_once()
+            while actor.ready():
+                actor.run_once()
             learner.run_once()
         learner.request_stop()
         actor.run_once()

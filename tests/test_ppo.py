@@ -112,6 +112,7 @@ def make_rollout(
         "truncated": np.zeros((t_len, batch), np.uint8),
         "valid": np.ones((t_len, batch), np.uint8),
         "last_value": rng.normal(size=batch).astype(np.float32),
+        "last_obs": rng.normal(size=(batch, obs_dim)).astype(np.float32),
     }
 
 

@@ -17,7 +17,7 @@ from agentenv_jax.actor.policy import ActorPolicy
 from agentenv_jax.buffers.segment_queue import ACTOR_TIMERS, SegmentQueue
 from agentenv_jax.envs import normalization as norm
 from agentenv_jax.envs.factory import EnvSpaces, autoreset_mode
-from agentenv_jax.transport.base import ActorChannel
+from agentenv_jax.transport.base import ActorChannel, TransportError
 from agentenv_jax.transport.spec import MessageSpec
 
 
@@ -35,9 +35,11 @@ def _stats_to_flat(stats: norm.RunningStats, out: np.ndarray) -> None:
 class Actor:
     """One env rank's collector of on-policy segments.
 
-    Synchronous protocol (PPO): wait for a parameter version newer than the one that filled the
-    previous segment, fill one segment of `T` vector steps with it, queue it, offer it to the
-    transport. `run_once` returns False once the learner asks this rank to stop.
+    Segment k (its sequence number) is trained on by the learner's update k, so the rank starts
+    it only with parameters of version >= k - `max_policy_lag`: with 0 this is synchronous PPO
+    (lag 0), with L > 0 the rank runs up to L updates ahead (IMPALA). It fills `T` vector steps,
+    queues the segment and offers it to the transport, which sends it when it holds a credit.
+    `run_once` returns False once the learner asks this rank to stop.
     """
 
     def __init__(
@@ -58,6 +60,7 @@ class Actor:
         clip_obs: float,
         clip_reward: float,
         max_inflight_segments: int,
+        max_policy_lag: int,
         timeout_s: float,
     ):
         self._env = vector_env
@@ -66,7 +69,10 @@ class Actor:
         self._channel = channel
         self._segment_spec = segment_spec
         self._param_spec = param_spec
-        self._queue = SegmentQueue(segment_spec, capacity=max_inflight_segments + 1)
+        # One buffer per credit, one being filled, and one per segment the rank may run ahead.
+        self._queue = SegmentQueue(
+            segment_spec, capacity=max_inflight_segments + 1 + max_policy_lag
+        )
         self._num_envs = vector_env.num_envs
         self._rollout_length = rollout_length
         self._gamma = gamma
@@ -75,6 +81,7 @@ class Actor:
         self._clip_obs = clip_obs
         self._clip_reward = clip_reward
         self._timeout_s = timeout_s
+        self._max_policy_lag = max_policy_lag
         self._next_step_mode = autoreset_mode(vector_env) == AutoresetMode.NEXT_STEP
         if spaces.action_kind == "continuous":
             self._action_low = np.asarray(spaces.action_low, dtype=np.float32)
@@ -112,14 +119,40 @@ class Actor:
         flat = raw_obs.reshape(raw_obs.shape[0], -1)
         return norm.normalize(flat, self._obs_stats, self._clip_obs).reshape(raw_obs.shape)
 
-    def run_once(self) -> bool:
-        """Wait for new parameters, then fill and queue one segment; False once told to stop."""
-        started = time.perf_counter()
-        message = self._channel.wait_params(self._queue, self._timeout_s)
-        if message is None:
+    def _poll(self) -> bool:
+        """Take the newest parameters if any arrived and move segments; True once told to stop."""
+        message = self._channel.poll_params()
+        if message is not None:
+            self._load_params(message)
+        self._channel.pump(self._queue)
+        if self._channel.stop_requested():
             self.stopped = True
+        return self.stopped
+
+    def _can_collect(self) -> bool:
+        # Segment k is trained on by update k, so starting it needs version >= k - max lag:
+        # that bounds policy lag, and with max lag 0 it is synchronous PPO.
+        required = self._sequence - self._max_policy_lag
+        return self._version >= required and self._queue.has_free
+
+    def ready(self) -> bool:
+        """Whether `run_once` would proceed (or stop) without waiting for the learner."""
+        return self._poll() or self._can_collect()
+
+    def run_once(self) -> bool:
+        """Wait until the next segment may start, fill and queue it; False once told to stop."""
+        started = time.perf_counter()
+        deadline = started + self._timeout_s
+        while not self._poll() and not self._can_collect():
+            if time.perf_counter() > deadline:
+                raise TransportError(
+                    f"env rank waited {self._timeout_s:.0f} s for parameters version "
+                    f">= {self._sequence - self._max_policy_lag} or a credit "
+                    "(run.transport_timeout_s)"
+                )
+            self._channel.idle()
+        if self.stopped:
             return False
-        self._load_params(message)
         transport_s = time.perf_counter() - started
         buffer = self._queue.acquire()
         fields = self._segment_spec.views(buffer)
@@ -141,6 +174,13 @@ class Actor:
         fields["bootstrap_value"][...] = 0.0
         fields["policy_version"][...] = self._version
         for t in range(self._rollout_length):
+            if t > 0 and self._max_policy_lag > 0:
+                # Asynchronous modes swap in new parameters between vector steps; every
+                # transition records the version that chose its action.
+                message = self._channel.poll_params()
+                if message is not None:
+                    self._load_params(message)
+                    fields["policy_version"][t:] = self._version
             valid = ~self._pending_reset
             obs_in = self._observe(self._obs)
             tick = time.perf_counter()
@@ -199,7 +239,9 @@ class Actor:
             self._obs = next_obs
 
         tick = time.perf_counter()
-        fields["last_value"][:] = self._policy.value(self._observe(self._obs))
+        last_obs = self._observe(self._obs)
+        fields["last_obs"][:] = last_obs
+        fields["last_value"][:] = self._policy.value(last_obs)
         inference_s += time.perf_counter() - tick
         _stats_to_flat(
             norm.stats_of(np.concatenate(segment_obs))

@@ -26,7 +26,8 @@ def on_policy_segment_spec(
     `valid` (0 on the auto-reset steps of NEXT_STEP vector envs), behaviour `log_prob` and `value`,
     `bootstrap_value` (V(final obs) where truncated), the `policy_version` that acted, and the
     raw `episode_return`/`episode_length` of episodes that ended there (NaN/0 elsewhere).
-    Per segment: `last_value [E]`, the raw-observation and discounted-return statistics of this
+    Per segment: `last_value [E]` and `last_obs [E, ...]` (after the last step), the
+    raw-observation and discounted-return statistics of this
     segment (to merge into the global normalizers), the actor's timers and a sequence number.
     """
     t, e = rollout_length, local_num_envs
@@ -47,6 +48,7 @@ def on_policy_segment_spec(
             FieldSpec("truncated", (t, e), np.uint8),
             FieldSpec("valid", (t, e), np.uint8),
             FieldSpec("last_value", (e,), np.float32),
+            FieldSpec("last_obs", (e, *spaces.obs_shape), np.float32),
             FieldSpec("obs_stats", (1 + 2 * d,), np.float64),  # count, mean [D], m2 [D]
             FieldSpec("return_stats", (3,), np.float64),  # count, mean, m2
             FieldSpec("actor_seconds", (len(ACTOR_TIMERS),), np.float64),

@@ -52,6 +52,8 @@ def _convert(value: Any, tp: Any, path: str) -> Any:
     if origin in (typing.Union, types.UnionType):
         if value is None and type(None) in args:
             return None
+        if all(dataclasses.is_dataclass(a) for a in args):
+            return _convert(value, _choose_variant(value, args, path), path)
         options = [a for a in args if a is not type(None)]
         errors = []
         for option in options:
@@ -100,6 +102,25 @@ def _convert(value: Any, tp: Any, path: str) -> Any:
     else:
         raise TypeError(f"unsupported type hint {tp!r} at {path}")
     raise ConfigError(f"{path} = {value!r} is not allowed: expected {_type_name(tp)}")
+
+
+def _variant_name(cls: type) -> str:
+    return next(f.default for f in dataclasses.fields(cls) if f.name == "name")
+
+
+def _choose_variant(value: Any, variants: tuple[type, ...], path: str) -> type:
+    """The dataclass of a tagged union (e.g. the `algorithm` section) named by `value["name"]`."""
+    if not isinstance(value, Mapping):
+        raise ConfigError(f"{path} = {value!r} is not allowed: expected a mapping of fields")
+    names = {_variant_name(v): v for v in variants}
+    name = value.get("name", _variant_name(variants[0]))
+    if name not in names:
+        raise ConfigError(
+            f"{path}.name = {name!r} is not allowed: expected one of "
+            f"{', '.join(map(repr, names))}"
+            + (_did_you_mean(name, list(names)) if isinstance(name, str) else "")
+        )
+    return names[name]
 
 
 def _build(cls: type, raw: Mapping[str, Any], path: str) -> Any:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import re
+import typing
 
 from agentenv_jax.config.schema import ExperimentConfig
 
@@ -37,16 +38,21 @@ def _default(field: dataclasses.Field) -> str:
 def config_reference() -> str:
     """Markdown tables of every section and field, with defaults and meaning."""
     parts = []
+    hints = typing.get_type_hints(ExperimentConfig)
     for section in dataclasses.fields(ExperimentConfig):
-        cls = section.default_factory().__class__
-        doc = (cls.__doc__ or "").strip().splitlines()[0]
-        parts.append(f"### `{section.name}` — {doc}\n")
-        parts.append("| key | default | meaning |\n|---|---|---|")
-        comments = _comments(cls)
-        for field in dataclasses.fields(cls):
-            parts.append(
-                f"| `{section.name}.{field.name}` | `{_default(field)}` | "
-                f"{comments.get(field.name, '')} |"
-            )
-        parts.append("")
+        variants = typing.get_args(hints[section.name]) or (hints[section.name],)
+        for cls in variants:
+            doc = (cls.__doc__ or "").strip().splitlines()[0]
+            title = f"`{section.name}`"
+            if len(variants) > 1:
+                title += f" with `name: {_default(dataclasses.fields(cls)[0]).strip(chr(34))}`"
+            parts.append(f"### {title} — {doc}\n")
+            parts.append("| key | default | meaning |\n|---|---|---|")
+            comments = _comments(cls)
+            for field in dataclasses.fields(cls):
+                parts.append(
+                    f"| `{section.name}.{field.name}` | `{_default(field)}` | "
+                    f"{comments.get(field.name, '')} |"
+                )
+            parts.append("")
     return "\n".join(parts)

@@ -18,7 +18,6 @@ from agentenv_jax.config.errors import ConfigError
 VectorizationMode = Literal["sync", "async", "native"]
 Activation = Literal["tanh", "relu", "gelu"]
 Schedule = Literal["constant", "linear"]
-AlgorithmName = Literal["ppo"]
 
 
 def _require(condition: bool, field_path: str, value: Any, allowed: str) -> None:
@@ -82,7 +81,7 @@ class NetworkConfig:
 class PPOConfig:
     """Proximal Policy Optimization with GAE (synchronous: policy lag 0)."""
 
-    name: AlgorithmName = "ppo"  # algorithm family
+    name: Literal["ppo"] = "ppo"  # algorithm family
     rollout_length: int = 32  # env steps per env per update (T); batch = T * global_num_envs
     num_epochs: int = 20  # passes over each batch
     num_minibatches: int = 1  # minibatches per epoch
@@ -121,6 +120,46 @@ class PPOConfig:
             self.value_clip_eps,
             "null or a number > 0",
         )
+
+
+@dataclass(frozen=True)
+class IMPALAConfig:
+    """IMPALA: asynchronous actor-critic with V-trace off-policy correction."""
+
+    name: Literal["impala"] = "impala"  # algorithm family
+    rollout_length: int = 32  # env steps per env per segment (T); batch = T * global_num_envs
+    max_policy_lag: int = 2  # env ranks run at most this many updates ahead of the learner
+    gamma: float = 0.99  # discount factor
+    clip_rho: float = 1.0  # V-trace rho-bar: clip of the importance weight in the value target
+    clip_c: float = 1.0  # V-trace c-bar: clip of the trace-cutting coefficients
+    clip_pg_rho: float = 1.0  # clip of the importance weight in the policy gradient
+    vf_coef: float = 0.5  # weight of the value loss
+    ent_coef: float = 0.01  # weight of the entropy bonus
+    max_grad_norm: float = 0.5  # global gradient-norm clip
+    learning_rate: float = 1e-3  # Adam learning rate (initial value when annealed)
+    lr_schedule: Schedule = "linear"  # constant, or linear decay to 0 over training
+    adam_eps: float = 1e-5  # Adam epsilon
+
+    def validate(self, prefix: str) -> None:
+        checks = [
+            ("rollout_length", self.rollout_length >= 1, "an integer >= 1"),
+            ("max_policy_lag", self.max_policy_lag >= 0, "an integer >= 0"),
+            ("gamma", 0.0 <= self.gamma <= 1.0, "a number in [0, 1]"),
+            ("clip_rho", self.clip_rho > 0.0, "a number > 0"),
+            ("clip_c", self.clip_c > 0.0, "a number > 0"),
+            ("clip_pg_rho", self.clip_pg_rho > 0.0, "a number > 0"),
+            ("vf_coef", self.vf_coef >= 0.0, "a number >= 0"),
+            ("ent_coef", self.ent_coef >= 0.0, "a number >= 0"),
+            ("max_grad_norm", self.max_grad_norm > 0.0, "a number > 0"),
+            ("learning_rate", self.learning_rate > 0.0, "a number > 0"),
+            ("adam_eps", self.adam_eps > 0.0, "a number > 0"),
+        ]
+        for name, ok, allowed in checks:
+            _require(ok, f"{prefix}.{name}", getattr(self, name), allowed)
+
+
+# The `algorithm` section is one of these, chosen by its `name` key (default "ppo").
+AlgorithmConfig = PPOConfig | IMPALAConfig
 
 
 @dataclass(frozen=True)
@@ -206,13 +245,15 @@ class ExperimentConfig:
 
     env: EnvConfig = field(default_factory=EnvConfig)
     network: NetworkConfig = field(default_factory=NetworkConfig)
-    algorithm: PPOConfig = field(default_factory=PPOConfig)
+    algorithm: AlgorithmConfig = field(default_factory=PPOConfig)
     topology: TopologyConfig = field(default_factory=TopologyConfig)
     run: RunConfig = field(default_factory=RunConfig)
 
     def validate(self) -> None:
         for name in ("env", "network", "algorithm", "topology", "run"):
             getattr(self, name).validate(name)
+        if not isinstance(self.algorithm, PPOConfig):
+            return
         rows = self.algorithm.rollout_length * self.env.global_num_envs
         _require(
             rows % self.algorithm.num_minibatches == 0,

@@ -15,8 +15,10 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 from jax.sharding import Mesh
 
+from agentenv_jax.algorithms.impala import IMPALAHyperparams, make_impala_update
 from agentenv_jax.algorithms.ppo import (
     PPOHyperparams,
     TrainState,
@@ -24,12 +26,17 @@ from agentenv_jax.algorithms.ppo import (
     make_ppo_update,
 )
 from agentenv_jax.buffers.segment_queue import ACTOR_TIMERS
-from agentenv_jax.config.schema import ExperimentConfig
+from agentenv_jax.config.schema import ExperimentConfig, IMPALAConfig, PPOConfig
 from agentenv_jax.envs import normalization as norm
 from agentenv_jax.envs.factory import EnvSpaces
 from agentenv_jax.metrics.accounting import Accounting, reconcile
 from agentenv_jax.metrics.logger import MetricsWriter, ProgressLine
-from agentenv_jax.networks import action_distribution, init_params, make_actor_critic
+from agentenv_jax.networks import (
+    ActionDistribution,
+    action_distribution,
+    init_params,
+    make_actor_critic,
+)
 from agentenv_jax.networks.flat_params import FlatLayout
 from agentenv_jax.parallel.mesh import (
     env_axis_sharding,
@@ -52,6 +59,8 @@ ROLLOUT_FIELDS = (
     "truncated",
     "valid",
 )
+# Per-env fields `[B, ...]` that come with each rollout.
+ROLLOUT_LAST_FIELDS = ("last_value", "last_obs")
 
 
 def num_updates(config: ExperimentConfig) -> int:
@@ -61,8 +70,55 @@ def num_updates(config: ExperimentConfig) -> int:
 
 
 def minibatch_size(config: ExperimentConfig) -> int:
+    """Rows per gradient step (the whole rollout for IMPALA)."""
     rows = config.algorithm.rollout_length * config.env.global_num_envs
-    return rows // config.algorithm.num_minibatches
+    return rows // getattr(config.algorithm, "num_minibatches", 1)
+
+
+def make_on_policy_update(
+    config: ExperimentConfig,
+    apply_fn: Callable,
+    distribution: ActionDistribution,
+    total_updates: int,
+    constrain_rows: Callable[[jax.Array], jax.Array],
+) -> tuple[Callable, optax.GradientTransformation]:
+    """The pure update of the configured on-policy algorithm (PPO or IMPALA) and its optimizer."""
+    algo = config.algorithm
+    gradient_steps = total_updates * (
+        algo.num_epochs * algo.num_minibatches if isinstance(algo, PPOConfig) else 1
+    )
+    optimizer = make_optimizer(
+        algo.learning_rate,
+        algo.lr_schedule == "linear",
+        gradient_steps,
+        algo.max_grad_norm,
+        algo.adam_eps,
+    )
+    if isinstance(algo, IMPALAConfig):
+        hp = IMPALAHyperparams(
+            gamma=algo.gamma,
+            clip_rho=algo.clip_rho,
+            clip_c=algo.clip_c,
+            clip_pg_rho=algo.clip_pg_rho,
+            vf_coef=algo.vf_coef,
+            ent_coef=algo.ent_coef,
+        )
+        return make_impala_update(apply_fn, distribution, optimizer, hp), optimizer
+    hp = PPOHyperparams(
+        num_epochs=algo.num_epochs,
+        num_minibatches=algo.num_minibatches,
+        gamma=algo.gamma,
+        gae_lambda=algo.gae_lambda,
+        clip_eps=algo.clip_eps,
+        anneal_clip=algo.clip_schedule == "linear",
+        value_clip_eps=algo.value_clip_eps,
+        vf_coef=algo.vf_coef,
+        ent_coef=algo.ent_coef,
+        normalize_advantages=algo.normalize_advantages,
+        num_updates=total_updates,
+    )
+    update = make_ppo_update(apply_fn, distribution, optimizer, hp, constrain_rows=constrain_rows)
+    return update, optimizer
 
 
 def jit_sharded_update(update: Callable, mesh: Mesh) -> Callable:
@@ -70,7 +126,7 @@ def jit_sharded_update(update: Callable, mesh: Mesh) -> Callable:
     train state replicated; the state argument is donated (updated in place)."""
     state_sharding = replicated(mesh)
     rollout_shardings = {name: env_axis_sharding(mesh, 2) for name in ROLLOUT_FIELDS} | {
-        "last_value": env_axis_sharding(mesh, 1)
+        name: env_axis_sharding(mesh, 1) for name in ROLLOUT_LAST_FIELDS
     }
     return jax.jit(
         update,
@@ -91,7 +147,11 @@ def _flat_stats(stats: norm.RunningStats) -> np.ndarray:
 
 
 class Learner:
-    """Owns the train state on a device mesh; drives synchronous PPO over a `LearnerChannel`."""
+    """Owns the train state on a device mesh; drives PPO or IMPALA over a `LearnerChannel`.
+
+    Update k consumes the k-th segment of every env rank (one round); env ranks bound how far
+    ahead of it they run (`max_policy_lag`), so lag is bounded and runs are reproducible.
+    """
 
     def __init__(
         self,
@@ -110,7 +170,6 @@ class Learner:
         self._param_spec = param_spec
         self._writer = writer
         self._progress = progress
-        algo = config.algorithm
         self.num_updates = num_updates(config)
 
         module, apply_fn = make_actor_critic(
@@ -125,34 +184,13 @@ class Learner:
         init_key, train_key = jax.random.split(jax.random.PRNGKey(config.run.seed))
         params = init_params(module, spaces.obs_shape, init_key)
         self._ravel = jax.jit(FlatLayout(params).ravel)
-        steps_per_update = algo.num_epochs * algo.num_minibatches
-        optimizer = make_optimizer(
-            algo.learning_rate,
-            algo.lr_schedule == "linear",
-            self.num_updates * steps_per_update,
-            algo.max_grad_norm,
-            algo.adam_eps,
-        )
-        hp = PPOHyperparams(
-            num_epochs=algo.num_epochs,
-            num_minibatches=algo.num_minibatches,
-            gamma=algo.gamma,
-            gae_lambda=algo.gae_lambda,
-            clip_eps=algo.clip_eps,
-            anneal_clip=algo.clip_schedule == "linear",
-            value_clip_eps=algo.value_clip_eps,
-            vf_coef=algo.vf_coef,
-            ent_coef=algo.ent_coef,
-            normalize_advantages=algo.normalize_advantages,
-            num_updates=self.num_updates,
-        )
         self.mesh = make_mesh(num_devices)
-        update = make_ppo_update(
+        update, optimizer = make_on_policy_update(
+            config,
             apply_fn,
             action_distribution(spaces.action_kind),
-            optimizer,
-            hp,
-            constrain_rows=row_constraint(self.mesh),
+            self.num_updates,
+            row_constraint(self.mesh),
         )
         self._update = jit_sharded_update(update, self.mesh)
         self.state = jax.device_put(
@@ -217,7 +255,8 @@ class Learner:
         rollout = {
             name: np.concatenate([s[name] for s in segments], axis=1) for name in ROLLOUT_FIELDS
         }
-        rollout["last_value"] = np.concatenate([s["last_value"] for s in segments])
+        for name in ROLLOUT_LAST_FIELDS:
+            rollout[name] = np.concatenate([s[name] for s in segments])
         versions = np.concatenate([s["policy_version"] for s in segments], axis=1)
         actor_seconds = np.mean([s["actor_seconds"] for s in segments], axis=0)
         for s in segments:
@@ -251,6 +290,7 @@ class Learner:
             "episode_length_mean": float(np.mean(self._lengths)) if self._lengths else math.nan,
             "policy_lag_mean": float(lag.mean()) if lag.size else 0.0,
             "policy_lag_max": int(lag.max()) if lag.size else 0,
+            "policy_lag_hist": np.bincount(lag).tolist() if lag.size else [],
             **metrics,
             "time/learner_wait_s": wait_s,
             "time/learner_update_s": update_s,

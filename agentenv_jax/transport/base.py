@@ -20,16 +20,17 @@ class TransportError(RuntimeError):
 class ActorChannel(Protocol):
     """An env rank's end: parameters in, segments out under credit-based flow control."""
 
-    def wait_params(self, queue: SegmentQueue, timeout_s: float) -> np.ndarray | None:
-        """Block until a parameter message newer than the last one returned arrives, sending
-        queued segments as credits allow meanwhile. Returns the message buffer (valid until the
-        next call), or None when the learner asked this rank to stop."""
-
     def poll_params(self) -> np.ndarray | None:
         """The newest parameter message received since the last call, or None; never blocks."""
 
     def pump(self, queue: SegmentQueue) -> None:
         """Send as many ready segments as there are credits; recycle buffers whose send ended."""
+
+    def stop_requested(self) -> bool:
+        """Whether the learner asked this rank to stop; never blocks."""
+
+    def idle(self) -> None:
+        """Nothing to do until the learner sends something: yield the core for a moment."""
 
     def flush(self, queue: SegmentQueue, timeout_s: float) -> None:
         """Wait until every segment already sent has left this rank."""

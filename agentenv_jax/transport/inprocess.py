@@ -42,17 +42,14 @@ class _ActorEnd:
         self._seen_serial = self._hub._params_serial
         return self._hub._params
 
-    def wait_params(self, queue: SegmentQueue, timeout_s: float) -> np.ndarray | None:
-        self.pump(queue)
-        if self._hub._stop:
-            return None
-        message = self.poll_params()
-        if message is None:
-            raise TransportError(
-                "in-process env rank waits for parameters the learner has not "
-                "sent: the loops were interleaved out of order"
-            )
-        return message
+    def stop_requested(self) -> bool:
+        return self._hub._stop
+
+    def idle(self) -> None:
+        raise TransportError(
+            "in-process env rank would wait for the learner: the loops were interleaved out "
+            "of order (call run_once only while ready())"
+        )
 
     def pump(self, queue: SegmentQueue) -> None:
         while queue.depth and self._hub._credits > 0:

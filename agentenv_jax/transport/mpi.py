@@ -79,21 +79,23 @@ class MPIActorChannel:
         self._credit_req = comm.Irecv(self._credit_inbox, source=learner_rank, tag=TAG_CREDIT)
         self._control_req = comm.irecv(source=learner_rank, tag=TAG_CONTROL)
         self._credits = 0
+        self._backoff = _Backoff()
         self._inflight: list[tuple[MPI.Request, np.ndarray]] = []
-        self.stop_requested = False
+        self._stopped = False
 
     def _poll_credits(self) -> None:
         while self._credit_req.Test():
             self._credits += int(self._credit_inbox[0])
+            self._backoff.reset()
             self._credit_req = self._comm.Irecv(
                 self._credit_inbox, source=self._learner, tag=TAG_CREDIT
             )
 
     def _poll_stop(self) -> bool:
-        if not self.stop_requested:
+        if not self._stopped:
             arrived, _ = self._control_req.test()
-            self.stop_requested = bool(arrived)
-        return self.stop_requested
+            self._stopped = bool(arrived)
+        return self._stopped
 
     def poll_params(self) -> np.ndarray | None:
         fresh = False
@@ -104,24 +106,16 @@ class MPIActorChannel:
                 self._param_inbox, source=self._learner, tag=TAG_PARAMS
             )
             fresh = True
-        return self._latest_params if fresh else None
+        if fresh:
+            self._backoff.reset()
+            return self._latest_params
+        return None
 
-    def wait_params(self, queue: SegmentQueue, timeout_s: float) -> np.ndarray | None:
-        deadline = time.monotonic() + timeout_s
-        backoff = _Backoff()
-        while True:
-            self.pump(queue)
-            if self._poll_stop():
-                return None
-            message = self.poll_params()
-            if message is not None:
-                return message
-            if time.monotonic() > deadline:
-                raise TransportError(
-                    f"env rank {self._comm.Get_rank()} received no parameters from learner rank "
-                    f"{self._learner} for {timeout_s:.0f} s (run.transport_timeout_s)"
-                )
-            backoff.sleep()
+    def stop_requested(self) -> bool:
+        return self._poll_stop()
+
+    def idle(self) -> None:
+        self._backoff.sleep()
 
     def pump(self, queue: SegmentQueue) -> None:
         self._poll_credits()
@@ -150,7 +144,7 @@ class MPIActorChannel:
         for request in (self._param_req, self._credit_req):
             request.Cancel()
             request.Wait()
-        if not self.stop_requested:
+        if not self._stopped:
             self._control_req.cancel()
 
 
