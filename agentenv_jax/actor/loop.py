@@ -132,7 +132,7 @@ class Actor:
     def _can_collect(self) -> bool:
         # Segment k is trained on by update k, so starting it needs version >= k - max lag:
         # that bounds policy lag, and with max lag 0 it is synchronous PPO.
-        required = self._sequence - self._max_policy_lag
+        required = max(0, self._sequence - self._max_policy_lag)
         return self._version >= required and self._queue.has_free
 
     def ready(self) -> bool:
@@ -147,7 +147,7 @@ class Actor:
             if time.perf_counter() > deadline:
                 raise TransportError(
                     f"env rank waited {self._timeout_s:.0f} s for parameters version "
-                    f">= {self._sequence - self._max_policy_lag} or a credit "
+                    f">= {max(0, self._sequence - self._max_policy_lag)} or a credit "
                     "(run.transport_timeout_s)"
                 )
             self._channel.idle()

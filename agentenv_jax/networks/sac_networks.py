@@ -26,6 +26,7 @@ _HALF_LOG_2PI = 0.5 * math.log(2.0 * math.pi)
 
 
 def _dense(width: int, scale: float, name: str | None = None) -> nn.Dense:
+    # Orthogonal, like the PPO network whose `MLP` torso this module reuses.
     return nn.Dense(
         width,
         kernel_init=nn.initializers.orthogonal(scale),
@@ -109,7 +110,8 @@ def make_sac_networks(
     def critic_apply(params: Params, obs: jax.Array, action: jax.Array) -> jax.Array:
         return critic.apply({"params": params}, obs, action)
 
-    @jax.jit  # run eagerly, the initializers compile dozens of small XLA programs
+    # Jitted as a whole: run eagerly, the initializers compile dozens of small XLA programs.
+    @jax.jit
     def init(key: jax.Array) -> tuple[Params, Params]:
         actor_key, critic_key = jax.random.split(key)
         obs = jnp.zeros((1, *obs_shape), jnp.float32)
@@ -123,7 +125,7 @@ def make_sac_networks(
 
 
 def tanh_log_det_jacobian(u: jax.Array) -> jax.Array:
-    """`log(1 - tanh(u)^2)` elementwise, finite for every float `u`.
+    """`log(1 - tanh(u)^2)` elementwise, finite for every finite `u`.
 
     The naive form is `-inf` once `tanh(u)` rounds to 1 (|u| > ~9 in float32); the identity
     `1 - tanh(u)^2 = 4 e^{-2u} / (1 + e^{-2u})^2` gives `2 (log 2 - u - softplus(-2u))`.
