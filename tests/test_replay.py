@@ -1,0 +1,101 @@
+"""Replay partition: ring accounting, n-step returns, priorities, and batch splitting."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from agentenv_jax.buffers.replay import ReplayPartition, importance_weights, split_batch
+
+
+def make_partition(capacity=8, prioritized=True, n_step=1, gamma=0.5, num_envs=1):
+    return ReplayPartition(
+        capacity,
+        (2,),
+        1,
+        prioritized=prioritized,
+        alpha=0.6,
+        n_step=n_step,
+        gamma=gamma,
+        num_envs=num_envs,
+    )
+
+
+def insert_items(part: ReplayPartition, count: int, start: int = 0) -> None:
+    values = np.arange(start, start + count, dtype=np.float32)
+    part.insert(
+        np.stack([values, values], 1),
+        values[:, None],
+        values,
+        np.stack([values] * 2, 1),
+        np.full(count, 0.5, np.float32),
+    )
+
+
+def test_ring_overwrites_oldest_and_accounting_reconciles():
+    part = make_partition(capacity=5)
+    insert_items(part, 3)
+    insert_items(part, 4, start=3)
+    c = part.counters
+    assert (c.inserted, c.overwritten, part.size) == (7, 2, 5)
+    assert c.inserted == part.size + c.overwritten
+    assert sorted(part.item_id.tolist()) == [2, 3, 4, 5, 6]  # items 0 and 1 were evicted
+    for slot in range(5):
+        assert part.reward[slot] == part.item_id[slot]
+
+
+def test_n_step_returns_and_discounts_match_hand_computation():
+    part = make_partition(capacity=16, prioritized=False, n_step=3, gamma=0.5)
+    rewards = [1.0, 2.0, 4.0, 8.0]
+    for t, r in enumerate(rewards):
+        obs = np.array([[t, 0]], np.float32)
+        part.add_step(
+            obs, np.array([[0.0]]), np.array([r]), obs + 1, np.array([t == 3]), np.array([False])
+        )
+    # t=2 completes the first 3-step window; the terminal at t=3 flushes the rest.
+    assert part.counters.inserted == 4 and part.pending == 0
+    by_id = np.argsort(part.item_id[:4])
+    np.testing.assert_allclose(part.reward[by_id], [1 + 1 + 1, 2 + 2 + 2, 4 + 4, 8])
+    np.testing.assert_allclose(part.discount[by_id], [0.125, 0.0, 0.0, 0.0])
+    np.testing.assert_allclose(part.next_obs[by_id][:, 0], [3, 4, 4, 4])
+
+
+def test_truncation_keeps_bootstrap_discount():
+    part = make_partition(capacity=8, prioritized=False, n_step=2, gamma=0.9)
+    obs = np.zeros((1, 2), np.float32)
+    part.add_step(obs, np.zeros((1, 1)), np.array([1.0]), obs, np.array([False]), np.array([True]))
+    assert part.discount[0] == pytest.approx(0.9)
+
+
+def test_priorities_follow_td_errors_and_stale_updates_are_ignored():
+    part = make_partition(capacity=4)
+    insert_items(part, 4)
+    batch = part.sample(6, np.random.default_rng(0))
+    part.update_priorities(batch["slot"], batch["generation"], np.full(6, 3.0))
+    assert part.max_priority == pytest.approx(3.0, rel=1e-5)
+    insert_items(part, 4, start=4)  # every slot overwritten: old generations are stale
+    part.update_priorities(batch["slot"], batch["generation"], np.zeros(6))
+    assert part.counters.stale_priority_updates == 6
+    # new items enter with the max priority
+    np.testing.assert_allclose(part.tree[4:8], np.full(4, 3.0**0.6), rtol=1e-5)
+
+
+def test_sampled_rows_are_consistent_items():
+    part = make_partition(capacity=32)
+    insert_items(part, 50)
+    batch = part.sample(200, np.random.default_rng(1))
+    assert np.all(batch["item_id"] >= 50 - 32) and np.all(batch["item_id"] < 50)
+    np.testing.assert_array_equal(batch["reward"], batch["item_id"].astype(np.float32))
+
+
+def test_importance_weights_hand_computed():
+    # P = [0.5, 0.25], N = 4, beta = 1: w = 1/(4P) = [0.5, 1.0] -> normalized [0.5, 1]
+    w = importance_weights(np.array([2.0, 1.0]), total_mass=4.0, num_items=4, beta=1.0)
+    np.testing.assert_allclose(w, [0.5, 1.0])
+
+
+def test_split_batch_is_multinomial_in_the_masses():
+    rng = np.random.default_rng(2)
+    counts = np.array([split_batch(64, np.array([1.0, 3.0, 0.0]), rng) for _ in range(2000)])
+    assert np.all(counts.sum(1) == 64) and np.all(counts[:, 2] == 0)
+    assert counts[:, 1].mean() == pytest.approx(48, rel=0.02)
