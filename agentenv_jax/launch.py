@@ -13,6 +13,7 @@ import os
 import sys
 import time
 import traceback
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -78,7 +79,7 @@ def _run_dir(config: ExperimentConfig) -> Path:
 
 
 def _prepare_env_rank(config: ExperimentConfig, topology: Topology):
-    from agentenv_jax.envs.factory import describe_spaces, make_vector_env
+    from agentenv_jax.envs.factory import EnvError, describe_spaces, make_vector_env
 
     index = topology.env_rank_index
     vector_env = make_vector_env(config.env, topology.local_num_envs[index])
@@ -86,6 +87,12 @@ def _prepare_env_rank(config: ExperimentConfig, topology: Topology):
         spaces = describe_spaces(
             config.env.id, vector_env.single_observation_space, vector_env.single_action_space
         )
+        if config.algorithm.name == "sac" and spaces.action_kind != "continuous":
+            raise EnvError(
+                f"env.id = {config.env.id!r} has action space "
+                f"{vector_env.single_action_space}: algorithm.name = 'sac' needs a Box action "
+                "space (use 'ppo' or 'impala' for discrete actions)"
+            )
     except Exception:
         vector_env.close()
         raise
@@ -98,10 +105,12 @@ def _learner_devices(config: ExperimentConfig) -> int:
     from agentenv_jax.learner.loop import minibatch_size
     from agentenv_jax.parallel.mesh import choose_num_devices
 
+    if config.algorithm.name == "sac":
+        batch_sizes = [config.algorithm.batch_size]
+    else:
+        batch_sizes = [config.env.global_num_envs, minibatch_size(config)]
     return choose_num_devices(
-        config.topology.learner_devices,
-        len(jax.local_devices()),
-        [config.env.global_num_envs, minibatch_size(config)],
+        config.topology.learner_devices, len(jax.local_devices()), batch_sizes
     )
 
 
@@ -162,8 +171,24 @@ def _network(config: ExperimentConfig, spaces):
     return module, apply_fn, layout
 
 
-def _specs(config: ExperimentConfig, topology: Topology, spaces):
+@dataclasses.dataclass
+class _Plan:
+    """How an experiment's two roles are built and joined: the on-policy family (PPO, IMPALA:
+    segment queues) or the replay family (SAC: replay partitions). Both transports, in-process
+    and MPI, carry the same messages."""
+
+    param_spec: Any
+    make_actor: Callable[[Any, Any], Any]  # (vector_env, channel) -> actor
+    make_learner: Callable[..., Any]  # (channel, num_devices, writer, progress) -> learner
+    make_inprocess: Callable[[], Any]  # -> transport with .actor and .learner ends
+    make_mpi_actor_channel: Callable[[Any], Any]  # (MPIWorld) -> channel
+    make_mpi_learner_channel: Callable[[Any], Any]  # (MPIWorld) -> channel
+
+
+def _on_policy_plan(config: ExperimentConfig, topology: Topology, spaces) -> _Plan:
     from agentenv_jax.buffers.segment_queue import on_policy_segment_spec
+    from agentenv_jax.learner.loop import Learner
+    from agentenv_jax.transport.inprocess import InProcessTransport
     from agentenv_jax.transport.messages import param_message_spec
 
     num_params = _network(config, spaces)[2].num_params
@@ -171,18 +196,146 @@ def _specs(config: ExperimentConfig, topology: Topology, spaces):
         on_policy_segment_spec(spaces, config.algorithm.rollout_length, n)
         for n in topology.local_num_envs
     ]
-    return segment_specs, param_message_spec(num_params, spaces.obs_dim)
+    param_spec = param_message_spec(num_params, spaces.obs_dim)
+    inflight = config.topology.max_inflight_segments
+    env_ranks = [topology.env_rank_of(i) for i in range(topology.num_env_ranks)]
+
+    def mpi_actor_channel(world):
+        from agentenv_jax.transport.mpi import MPIActorChannel
+
+        return MPIActorChannel(world.comm, learner_rank=0, param_nbytes=param_spec.nbytes)
+
+    def mpi_learner_channel(world):
+        from agentenv_jax.transport.mpi import MPILearnerChannel
+
+        return MPILearnerChannel(
+            world.comm, env_ranks, [s.nbytes for s in segment_specs], inflight, param_spec.nbytes
+        )
+
+    return _Plan(
+        param_spec,
+        lambda env, channel: _build_actor(
+            config,
+            topology,
+            env,
+            spaces,
+            channel,
+            segment_specs[topology.env_rank_index],
+            param_spec,
+        ),
+        lambda channel, devices, writer, progress: Learner(
+            config, spaces, channel, segment_specs, param_spec, devices, writer, progress
+        ),
+        lambda: InProcessTransport(inflight),
+        mpi_actor_channel,
+        mpi_learner_channel,
+    )
+
+
+def _replay_plan(config: ExperimentConfig, topology: Topology, spaces) -> _Plan:
+    from agentenv_jax.actor.policy import SquashedGaussianPolicy
+    from agentenv_jax.actor.replay_loop import ReplayActor
+    from agentenv_jax.buffers.replay import ReplayPartition
+    from agentenv_jax.learner.replay_loop import ReplayLearner, sac_networks_for
+    from agentenv_jax.networks.flat_params import FlatLayout
+    from agentenv_jax.transport import messages
+    from agentenv_jax.transport.inprocess import InProcessReplayTransport
+
+    algo = config.algorithm
+    networks = sac_networks_for(config, spaces)
+    import jax
+
+    actor_layout = FlatLayout.of(lambda: networks.init(jax.random.key(0))[0])
+    param_spec = messages.param_message_spec(actor_layout.num_params, spaces.obs_dim)
+    request_spec = messages.sample_request_spec()
+    answer_spec = messages.sample_answer_spec(algo.batch_size, spaces.obs_shape, spaces.action_size)
+    priority_spec = messages.priority_update_spec(algo.batch_size)
+    sizes = (param_spec.nbytes, request_spec.nbytes, answer_spec.nbytes, priority_spec.nbytes)
+    index = topology.env_rank_index
+    share = topology.local_num_envs[index] / topology.global_num_envs
+
+    def make_actor(vector_env, channel):
+        offset = topology.env_offsets[index]
+        policy = SquashedGaussianPolicy(
+            networks.actor_apply,
+            actor_layout.unravel,
+            spaces.action_size,
+            [config.run.seed, offset],
+        )
+        partition = ReplayPartition(
+            max(1, round(algo.replay_capacity * share)),
+            spaces.obs_shape,
+            spaces.action_size,
+            prioritized=algo.prioritized,
+            alpha=algo.priority_alpha,
+            n_step=algo.n_step,
+            gamma=algo.gamma,
+            num_envs=topology.local_num_envs[index],
+        )
+        return ReplayActor(
+            vector_env,
+            spaces,
+            policy,
+            channel,
+            partition,
+            param_spec,
+            request_spec,
+            answer_spec,
+            priority_spec,
+            seed=config.run.seed,
+            env_offset=offset,
+            random_steps=round(algo.learning_starts * share),
+            timeout_s=config.run.transport_timeout_s,
+        )
+
+    def mpi_actor_channel(world):
+        from agentenv_jax.transport.mpi import MPIReplayActorChannel
+
+        return MPIReplayActorChannel(world.comm, 0, *sizes)
+
+    def mpi_learner_channel(world):
+        from agentenv_jax.transport.mpi import MPIReplayLearnerChannel
+
+        return MPIReplayLearnerChannel(
+            world.comm, [topology.env_rank_of(i) for i in range(topology.num_env_ranks)], *sizes
+        )
+
+    return _Plan(
+        param_spec,
+        make_actor,
+        lambda channel, devices, writer, progress: ReplayLearner(
+            config,
+            spaces,
+            channel,
+            param_spec,
+            request_spec,
+            answer_spec,
+            priority_spec,
+            topology.local_num_envs,
+            devices,
+            writer,
+            progress,
+        ),
+        InProcessReplayTransport,
+        mpi_actor_channel,
+        mpi_learner_channel,
+    )
+
+
+def _plan(config: ExperimentConfig, topology: Topology, spaces) -> _Plan:
+    if config.algorithm.name == "sac":
+        return _replay_plan(config, topology, spaces)
+    return _on_policy_plan(config, topology, spaces)
 
 
 def _learner_outputs(config: ExperimentConfig):
-    from agentenv_jax.learner.loop import num_updates
     from agentenv_jax.metrics.logger import MetricsWriter, ProgressLine
 
     run_dir = _run_dir(config)
     save_config(config, run_dir / "config.yaml")
     writer = MetricsWriter(run_dir / "metrics.jsonl")
     progress = ProgressLine(
-        num_updates(config), config.run.progress, config.run.progress_interval_s
+        config.run.total_env_steps, config.run.progress, config.run.progress_interval_s
     )
     return run_dir, writer, progress
 
@@ -195,21 +348,22 @@ def _summarize(run_dir: Path, learner, wall_s: float, topology: Topology) -> Tra
         f"rank(s), {topology.global_num_envs} envs, "
         f"{len(learner.mesh.devices.flat)} learner device(s)",
         "updates": learner.updates,
-        "env_steps": learner.trained,
+        "env_steps": learner.env_steps,
         "episodes": learner.episodes,
         "episode_return_mean": learner.episode_return_mean,
         "wall_s": wall_s,
-        "steps_per_s": learner.trained / max(wall_s, 1e-9),
+        "steps_per_s": learner.env_steps / max(wall_s, 1e-9),
         "accounting": accounting,
-        "obs_normalizer_count": learner.obs_stats.count,
     }
+    if hasattr(learner, "obs_stats"):
+        summary["obs_normalizer_count"] = learner.obs_stats.count
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     if learner.config.run.progress:
         print(format_summary(summary), file=sys.stderr, flush=True)
     return TrainResult(
         run_dir,
         learner.updates,
-        learner.trained,
+        learner.env_steps,
         learner.episode_return_mean,
         wall_s,
         accounting,
@@ -228,46 +382,53 @@ def format_summary(summary: dict[str, Any]) -> str:
         f"episodes {summary['episodes']:,}",
         f" return     {summary['episode_return_mean']:.2f} (mean of the last episodes)",
         f" time       {summary['wall_s']:.1f} s   {summary['steps_per_s']:,.0f} env steps/s",
-        f" experience produced {acc['produced']:,} = sent {acc['sent']:,} + unsent "
-        f"{acc['unsent']:,}",
-        f"            received {acc['received']:,} = trained {acc['trained']:,} + late "
-        f"{acc['late']:,}   ({ok})",
-        "─" * 72,
     ]
+    if "sent" in acc:
+        lines += [
+            f" experience produced {acc['produced']:,} = sent {acc['sent']:,} + unsent "
+            f"{acc['unsent']:,}",
+            f"            received {acc['received']:,} = trained {acc['trained']:,} + late "
+            f"{acc['late']:,}   ({ok})",
+        ]
+    else:
+        lines += [
+            f" replay     produced {acc['produced']:,} = inserted {acc['inserted']:,} + pending "
+            f"{acc['pending']:,};  inserted = stored {acc['stored']:,} + overwritten "
+            f"{acc['overwritten']:,}",
+            f"            sampled {acc['sampled']:,} = trained {acc['trained']:,} + prefetched "
+            f"{acc['prefetched']:,}   ({ok})",
+        ]
+    lines.append("─" * 72)
     return "\n".join(lines)
+
+
+def _drive_learner(learner) -> None:
+    learner.start()
+    while not learner.done:
+        learner.run_once()
+    learner.request_stop()
+    learner.finish()
 
 
 def run_single_process(config: ExperimentConfig) -> TrainResult:
     """One learner and one env rank in this process, interleaved over the in-process transport."""
-    from agentenv_jax.learner.loop import Learner
-    from agentenv_jax.transport.inprocess import InProcessTransport
-
     topology = make_topology(config, world_size=1, rank=0)
     vector_env, spaces = _prepare_env_rank(config, topology)
     try:
         num_devices = _learner_devices(config)
+        plan = _plan(config, topology, spaces)
     except Exception:
         vector_env.close()
         raise
-    segment_specs, param_spec = _specs(config, topology, spaces)
-    transport = InProcessTransport(config.topology.max_inflight_segments)
-    actor = _build_actor(
-        config, topology, vector_env, spaces, transport.actor, segment_specs[0], param_spec
-    )
+    transport = plan.make_inprocess()
+    actor = plan.make_actor(vector_env, transport.actor)
     run_dir, writer, progress = _learner_outputs(config)
     started = time.perf_counter()
     try:
-        learner = Learner(
-            config,
-            spaces,
-            transport.learner,
-            segment_specs,
-            param_spec,
-            num_devices,
-            writer,
-            progress,
-        )
+        learner = plan.make_learner(transport.learner, num_devices, writer, progress)
         learner.start()
+        # The env rank runs until it would have to wait for the learner, then the learner
+        # takes one round: the same loops as under MPI, interleaved.
         while not learner.done:
             while actor.ready():
                 actor.run_once()
@@ -283,7 +444,7 @@ def run_single_process(config: ExperimentConfig) -> TrainResult:
 
 def run_mpi(config: ExperimentConfig) -> TrainResult:
     """This rank's part of an MPI job (learner or env rank)."""
-    from agentenv_jax.transport.mpi import MPIActorChannel, MPILearnerChannel, MPIWorld
+    from agentenv_jax.transport.mpi import MPIWorld
 
     world = MPIWorld()
     if world.size == 1:
@@ -313,43 +474,20 @@ def run_mpi(config: ExperimentConfig) -> TrainResult:
         rank, message = failures[0]
         raise StartupError(f"rank {rank}: {message}")
     spaces = outcomes[topology.num_learner_ranks][1]
-    segment_specs, param_spec = _specs(config, topology, spaces)
+    plan = _plan(config, topology, spaces)
 
     started = time.perf_counter()
     if topology.is_learner:
-        from agentenv_jax.learner.loop import Learner
-
-        channel = MPILearnerChannel(
-            world.comm,
-            [topology.env_rank_of(i) for i in range(topology.num_env_ranks)],
-            [spec.nbytes for spec in segment_specs],
-            config.topology.max_inflight_segments,
-            param_spec.nbytes,
-        )
+        channel = plan.make_mpi_learner_channel(world)
         run_dir, writer, progress = _learner_outputs(config)
         try:
-            learner = Learner(
-                config, spaces, channel, segment_specs, param_spec, num_devices, writer, progress
-            )
-            learner.start()
-            while not learner.done:
-                learner.run_once()
-            learner.request_stop()
-            learner.finish()
+            learner = plan.make_learner(channel, num_devices, writer, progress)
+            _drive_learner(learner)
         finally:
             writer.close()
         return _summarize(run_dir, learner, time.perf_counter() - started, topology)
 
-    channel = MPIActorChannel(world.comm, learner_rank=0, param_nbytes=param_spec.nbytes)
-    actor = _build_actor(
-        config,
-        topology,
-        vector_env,
-        spaces,
-        channel,
-        segment_specs[topology.env_rank_index],
-        param_spec,
-    )
+    actor = plan.make_actor(vector_env, plan.make_mpi_actor_channel(world))
     while actor.run_once():
         pass
     report = actor.finish()

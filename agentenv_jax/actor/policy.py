@@ -72,3 +72,45 @@ class ActorPolicy:
     def value(self, obs: np.ndarray) -> np.ndarray:
         """`obs [N, ...]` -> `V(obs) [N]`."""
         return np.asarray(self._value(self._params, obs))
+
+
+class SquashedGaussianPolicy:
+    """The env rank's CPU copy of a SAC actor: `tanh`-squashed Gaussian actions in `[-1, 1]`.
+
+    Like `ActorPolicy`, it takes the learner's flat parameters and host-drawn noise.
+    """
+
+    def __init__(
+        self,
+        actor_apply: Callable[[Any, jax.Array], jax.Array],
+        unravel: Callable[[jax.Array], Any],
+        action_dim: int,
+        seed_sequence: list[int],
+    ):
+        from agentenv_jax.networks.sac_networks import sample_squashed_action
+
+        self._device = jax.devices("cpu")[0]
+        self._rng = np.random.default_rng(seed_sequence)
+        self._action_dim = action_dim
+        self._params = None
+
+        def act(flat_params, obs, noise):
+            return sample_squashed_action(actor_apply(unravel(flat_params), obs), noise)[0]
+
+        self._act = jax.jit(act)
+
+    @property
+    def has_params(self) -> bool:
+        return self._params is not None
+
+    def set_params(self, flat_params: np.ndarray) -> None:
+        self._params = jax.device_put(np.array(flat_params), self._device)
+
+    def act(self, obs: np.ndarray) -> np.ndarray:
+        """`obs [E, ...]` -> actions `[E, d]` in `[-1, 1]`."""
+        noise = self._rng.standard_normal((obs.shape[0], self._action_dim), dtype=np.float32)
+        return np.asarray(self._act(self._params, obs, noise))
+
+    def random_act(self, num: int) -> np.ndarray:
+        """Uniform actions in `[-1, 1]`, for the steps before learning starts."""
+        return self._rng.uniform(-1.0, 1.0, size=(num, self._action_dim)).astype(np.float32)

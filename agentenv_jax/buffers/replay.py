@@ -111,15 +111,20 @@ class ReplayPartition:
         next_obs: np.ndarray,
         terminated: np.ndarray,
         truncated: np.ndarray,
+        valid: np.ndarray | None = None,
     ) -> None:
         """Record one vector-env step `[E, ...]`; `next_obs` must be the real next (final)
-        observation, not the auto-reset one. Emits n-step transitions as they complete."""
+        observation, not the auto-reset one; rows with `valid` False (auto-reset padding) are
+        skipped. Emits n-step transitions as they complete."""
+        valid = np.ones(len(reward), bool) if valid is None else np.asarray(valid, bool)
         if self.n_step == 1:
-            discount = np.where(terminated, 0.0, self.gamma).astype(np.float32)
-            self.insert(obs, action, reward, next_obs, discount)
+            if valid.any():
+                discount = np.where(terminated, 0.0, self.gamma).astype(np.float32)
+                self.insert(obs[valid], action[valid], reward[valid], next_obs[valid],
+                            discount[valid])
             return
         out: list[tuple] = []
-        for env in range(len(reward)):
+        for env in np.flatnonzero(valid):
             window = self._pending[env]
             window.append((obs[env], action[env], float(reward[env])))
             ended = bool(terminated[env] or truncated[env])

@@ -158,8 +158,59 @@ class IMPALAConfig:
             _require(ok, f"{prefix}.{name}", getattr(self, name), allowed)
 
 
+@dataclass(frozen=True)
+class SACConfig:
+    """Soft Actor-Critic from the sharded replay buffer (continuous actions)."""
+
+    name: Literal["sac"] = "sac"  # algorithm family
+    batch_size: int = 256  # transitions per update, drawn from all partitions together
+    replay_capacity: int = 100_000  # transitions over all partitions (each env rank holds a share)
+    learning_starts: int = 1_000  # transitions inserted before the first update (random actions)
+    samples_per_insert: float = 256.0  # sampled / inserted ratio (= batch_size: 1 update per step)
+    n_step: int = 1  # n-step returns
+    prioritized: bool = False  # prioritized replay (sum tree) instead of uniform sampling
+    priority_alpha: float = 0.6  # priority exponent
+    priority_beta: float = 0.4  # importance-weight exponent, annealed linearly to 1
+    gamma: float = 0.99  # discount factor
+    tau: float = 0.005  # Polyak averaging rate of the target critics
+    actor_learning_rate: float = 3e-4  # Adam learning rate of the policy
+    critic_learning_rate: float = 3e-4  # Adam learning rate of the twin critics
+    alpha_learning_rate: float = 3e-4  # Adam learning rate of the log-temperature
+    initial_alpha: float = 1.0  # initial entropy temperature
+    target_entropy: float | None = None  # entropy target (None: minus the action dimension)
+    param_broadcast_interval: int = 1  # updates between parameter broadcasts to env ranks
+    log_interval: int = 100  # updates between metrics records
+
+    def validate(self, prefix: str) -> None:
+        checks = [
+            ("batch_size", self.batch_size >= 1, "an integer >= 1"),
+            ("replay_capacity", self.replay_capacity >= 1, "an integer >= 1"),
+            ("learning_starts", self.learning_starts >= 1, "an integer >= 1"),
+            ("samples_per_insert", self.samples_per_insert > 0, "a number > 0"),
+            ("n_step", self.n_step >= 1, "an integer >= 1"),
+            ("priority_alpha", self.priority_alpha >= 0, "a number >= 0"),
+            ("priority_beta", 0 <= self.priority_beta <= 1, "a number in [0, 1]"),
+            ("gamma", 0.0 <= self.gamma <= 1.0, "a number in [0, 1]"),
+            ("tau", 0.0 < self.tau <= 1.0, "a number in (0, 1]"),
+            ("actor_learning_rate", self.actor_learning_rate > 0, "a number > 0"),
+            ("critic_learning_rate", self.critic_learning_rate > 0, "a number > 0"),
+            ("alpha_learning_rate", self.alpha_learning_rate > 0, "a number > 0"),
+            ("initial_alpha", self.initial_alpha > 0, "a number > 0"),
+            ("param_broadcast_interval", self.param_broadcast_interval >= 1, "an integer >= 1"),
+            ("log_interval", self.log_interval >= 1, "an integer >= 1"),
+        ]
+        for name, ok, allowed in checks:
+            _require(ok, f"{prefix}.{name}", getattr(self, name), allowed)
+        _require(
+            self.learning_starts <= self.replay_capacity,
+            f"{prefix}.learning_starts",
+            self.learning_starts,
+            f"at most replay_capacity ({self.replay_capacity})",
+        )
+
+
 # The `algorithm` section is one of these, chosen by its `name` key (default "ppo").
-AlgorithmConfig = PPOConfig | IMPALAConfig
+AlgorithmConfig = PPOConfig | IMPALAConfig | SACConfig
 
 
 @dataclass(frozen=True)
@@ -252,6 +303,20 @@ class ExperimentConfig:
     def validate(self) -> None:
         for name in ("env", "network", "algorithm", "topology", "run"):
             getattr(self, name).validate(name)
+        if isinstance(self.algorithm, SACConfig):
+            for name in ("normalize_obs", "normalize_reward"):
+                _require(
+                    not getattr(self.env, name),
+                    f"env.{name}",
+                    True,
+                    "false with algorithm.name = 'sac' (normalization is for on-policy algorithms)",
+                )
+            _require(
+                self.algorithm.replay_capacity >= self.env.global_num_envs,
+                "algorithm.replay_capacity",
+                self.algorithm.replay_capacity,
+                f"at least env.global_num_envs ({self.env.global_num_envs})",
+            )
         if not isinstance(self.algorithm, PPOConfig):
             return
         rows = self.algorithm.rollout_length * self.env.global_num_envs

@@ -217,6 +217,11 @@ class Learner:
         self.last_record: dict[str, Any] = {}
 
     @property
+    def env_steps(self) -> int:
+        """Transitions trained on (synchronous rounds: every produced one, at the end)."""
+        return self.trained
+
+    @property
     def obs_stats(self) -> norm.RunningStats:
         """The global observation statistics, merged from every env rank's segments."""
         return self._obs_stats

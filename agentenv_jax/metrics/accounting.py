@@ -43,3 +43,43 @@ def reconcile(
         unsent=sum(int(r["unsent"]) for r in env_reports),
         late=late,
     )
+
+
+@dataclasses.dataclass(frozen=True)
+class ReplayAccounting:
+    """Transitions through the sharded replay buffer, summed over partitions."""
+
+    produced: int  # env steps taken by env ranks (valid rows)
+    inserted: int  # transitions written into partitions
+    pending: int  # steps still waiting for their n-step return at shutdown
+    stored: int  # transitions held at shutdown
+    overwritten: int  # transitions evicted by the rings
+    sampled: int  # rows partitions handed out
+    received: int  # rows that reached the learner
+    trained: int  # rows consumed by updates
+    prefetched: int  # rows drawn for a batch the run ended before training on
+
+    @classmethod
+    def from_reports(
+        cls, reports: Sequence[dict[str, Any]], received: int, trained: int
+    ) -> ReplayAccounting:
+        total = {
+            key: sum(int(r[key]) for r in reports)
+            for key in ("produced", "inserted", "pending", "stored", "overwritten", "sampled")
+        }
+        return cls(
+            **total, received=received, trained=trained, prefetched=total["sampled"] - received
+        )
+
+    @property
+    def reconciles(self) -> bool:
+        return (
+            self.produced == self.inserted + self.pending
+            and self.inserted == self.stored + self.overwritten
+            and self.received == self.trained
+            and self.sampled == self.received + self.prefetched
+            and self.prefetched >= 0
+        )
+
+    def as_dict(self) -> dict[str, Any]:
+        return {**dataclasses.asdict(self), "reconciles": self.reconciles}

@@ -44,13 +44,13 @@ class ProgressLine:
     """A rewritten line on a terminal; elsewhere (CI logs, files) a line every few seconds."""
 
     def __init__(
-        self, total_updates: int, enabled: bool, interval_s: float, stream: TextIO | None = None
+        self, total_env_steps: int, enabled: bool, interval_s: float, stream: TextIO | None = None
     ):
         self._stream = stream or sys.stderr
         self._enabled = enabled
         self._tty = self._stream.isatty()
         self._interval = 0.2 if self._tty else interval_s
-        self._total = total_updates
+        self._total = total_env_steps
         self._last = 0.0
 
     def update(self, record: dict[str, Any], force: bool = False) -> None:
@@ -61,7 +61,7 @@ class ProgressLine:
         ret = record.get("episode_return_mean")
         ret_text = "n/a" if ret is None or not math.isfinite(ret) else f"{ret:8.2f}"
         text = (
-            f"update {record['update']:>5}/{self._total} | steps {record['env_steps']:>9,} | "
+            f"update {record['update']:>6} | steps {record['env_steps']:>9,}/{self._total:,} | "
             f"{record['steps_per_s']:>9,.0f} steps/s | return {ret_text} | "
             f"lag {record['policy_lag_mean']:.2f}"
         )

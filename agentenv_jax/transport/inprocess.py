@@ -100,3 +100,90 @@ class _LearnerEnd:
         late = [(0, segment) for segment in self._hub._segments]
         self._hub._segments.clear()
         return list(self._hub._reports), late
+
+
+class InProcessReplayTransport:
+    """Replay mode in one process: `.actor` is a `ReplayActorChannel`, `.learner` a
+    `ReplayLearnerChannel`. Messages are copies, as over MPI; the caller interleaves the loops."""
+
+    def __init__(self) -> None:
+        self._params: np.ndarray | None = None
+        self._params_serial = 0
+        self._request: np.ndarray | None = None
+        self._answer: np.ndarray | None = None
+        self._priorities: collections.deque[np.ndarray] = collections.deque()
+        self._stop = False
+        self._reports: list[dict[str, Any]] = []
+        self.actor = _ReplayActorEnd(self)
+        self.learner = _ReplayLearnerEnd(self)
+
+
+class _ReplayActorEnd:
+    def __init__(self, hub: InProcessReplayTransport):
+        self._hub = hub
+        self._seen_serial = 0
+
+    def poll_params(self) -> np.ndarray | None:
+        if self._hub._params_serial == self._seen_serial:
+            return None
+        self._seen_serial = self._hub._params_serial
+        return self._hub._params
+
+    def stop_requested(self) -> bool:
+        return self._hub._stop
+
+    def idle(self) -> None:
+        raise TransportError(
+            "in-process env rank would wait for the learner: the loops were interleaved out "
+            "of order (call run_once only while ready())"
+        )
+
+    def poll_request(self) -> np.ndarray | None:
+        request, self._hub._request = self._hub._request, None
+        return request
+
+    def poll_priorities(self) -> np.ndarray | None:
+        return self._hub._priorities.popleft() if self._hub._priorities else None
+
+    def send_answer(self, answer: np.ndarray) -> None:
+        self._hub._answer = answer.copy()
+
+    def send_final_report(self, report: dict[str, Any]) -> None:
+        self._hub._reports.append(dict(report))
+
+
+class _ReplayLearnerEnd:
+    num_env_ranks = 1
+
+    def __init__(self, hub: InProcessReplayTransport):
+        self._hub = hub
+
+    def broadcast_params(self, message: np.ndarray) -> None:
+        self._hub._params = message.copy()
+        self._hub._params_serial += 1
+
+    def idle(self) -> None:
+        return None  # the env rank runs between the learner's rounds anyway
+
+    def send_requests(self, requests: list[np.ndarray]) -> None:
+        self._hub._request = requests[0].copy()
+
+    def wait_answers(self, timeout_s: float) -> list[np.ndarray]:
+        if self._hub._answer is None:
+            raise TransportError(
+                "in-process learner waits for an answer the env rank has not "
+                "sent: the loops were interleaved out of order"
+            )
+        answer, self._hub._answer = self._hub._answer, None
+        return [answer]
+
+    def send_priorities(self, index: int, message: np.ndarray) -> None:
+        self._hub._priorities.append(message.copy())
+
+    def request_stop(self) -> None:
+        self._hub._stop = True
+
+    def collect_final_reports(self, timeout_s: float) -> list[dict[str, Any]]:
+        if len(self._hub._reports) != 1:
+            raise TransportError("in-process env rank has not sent its final report")
+        return list(self._hub._reports)

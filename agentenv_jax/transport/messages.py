@@ -24,3 +24,73 @@ def param_message_spec(num_params: int, obs_dim: int) -> MessageSpec:
             FieldSpec("return_stats", (3,), np.float64),
         ]
     )
+
+
+TAG_SAMPLE_REQUEST = 16
+TAG_SAMPLE_ANSWER = 17
+TAG_PRIORITIES = 18
+
+# Episodes an answer can report individually; more finished since the last answer are counted
+# in `episodes_finished` but not in the return window.
+MAX_EPISODES_PER_ANSWER = 32
+# Cumulative counters every answer carries (its `counters` field, in this order).
+REPLAY_COUNTERS = (
+    "size",
+    "inserted",
+    "overwritten",
+    "sampled",
+    "produced",
+    "pending",
+    "episodes_finished",
+    "priority_updates",
+    "stale_priority_updates",
+)
+
+
+def sample_request_spec() -> MessageSpec:
+    """Learner -> partition: how many items to draw, and how many it may have inserted by now."""
+    return MessageSpec(
+        [
+            FieldSpec("request_id", (1,), np.int64),
+            FieldSpec("count", (1,), np.int64),
+            FieldSpec("insert_allowance", (1,), np.int64),
+        ]
+    )
+
+
+def sample_answer_spec(max_rows: int, obs_shape: tuple[int, ...], action_dim: int) -> MessageSpec:
+    """Partition -> learner: up to `max_rows` sampled items, the partition's priority mass and
+    counters (reported with every answer), and the episodes it finished since its last answer."""
+    return MessageSpec(
+        [
+            FieldSpec("request_id", (1,), np.int64),
+            FieldSpec("count", (1,), np.int64),
+            FieldSpec("mass", (1,), np.float64),
+            FieldSpec("counters", (len(REPLAY_COUNTERS),), np.int64),
+            FieldSpec("actor_seconds", (3,), np.float64),  # cumulative env, inference, serving time
+            FieldSpec("num_episodes", (1,), np.int64),
+            FieldSpec("episode_return", (MAX_EPISODES_PER_ANSWER,), np.float32),
+            FieldSpec("episode_length", (MAX_EPISODES_PER_ANSWER,), np.int32),
+            FieldSpec("slot", (max_rows,), np.int64),
+            FieldSpec("generation", (max_rows,), np.int64),
+            FieldSpec("item_id", (max_rows,), np.int64),
+            FieldSpec("priority", (max_rows,), np.float64),
+            FieldSpec("obs", (max_rows, *obs_shape), np.float32),
+            FieldSpec("action", (max_rows, action_dim), np.float32),
+            FieldSpec("reward", (max_rows,), np.float32),
+            FieldSpec("next_obs", (max_rows, *obs_shape), np.float32),
+            FieldSpec("discount", (max_rows,), np.float32),
+        ]
+    )
+
+
+def priority_update_spec(max_rows: int) -> MessageSpec:
+    """Learner -> partition: new |TD errors| for items it sampled (slot + generation)."""
+    return MessageSpec(
+        [
+            FieldSpec("count", (1,), np.int64),
+            FieldSpec("slot", (max_rows,), np.int64),
+            FieldSpec("generation", (max_rows,), np.int64),
+            FieldSpec("td_error", (max_rows,), np.float32),
+        ]
+    )

@@ -1,0 +1,207 @@
+"""The env-rank loop in replay mode: step the envs into the rank's replay partition, and serve
+the learner's sample requests and priority updates between vector steps."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+from gymnasium.vector import AutoresetMode
+
+from agentenv_jax.actor.policy import SquashedGaussianPolicy
+from agentenv_jax.buffers.replay import ReplayPartition
+from agentenv_jax.envs.factory import EnvSpaces, autoreset_mode
+from agentenv_jax.transport.messages import MAX_EPISODES_PER_ANSWER, REPLAY_COUNTERS
+from agentenv_jax.transport.spec import MessageSpec
+
+
+class ReplayActor:
+    """One env rank in replay mode.
+
+    It inserts at most `insert_allowance` transitions (the learner's rate limiter raises it as it
+    samples), answers every sample request as soon as it sees one, and applies new priorities;
+    none of these waits for the others or for an episode to end.
+    """
+
+    def __init__(
+        self,
+        vector_env: gym.vector.VectorEnv,
+        spaces: EnvSpaces,
+        policy: SquashedGaussianPolicy,
+        channel: Any,
+        partition: ReplayPartition,
+        param_spec: MessageSpec,
+        request_spec: MessageSpec,
+        answer_spec: MessageSpec,
+        priority_spec: MessageSpec,
+        *,
+        seed: int,
+        env_offset: int,
+        random_steps: int,
+        timeout_s: float,
+    ):
+        self._env = vector_env
+        self._policy = policy
+        self._channel = channel
+        self._partition = partition
+        self._param_spec = param_spec
+        self._request_spec = request_spec
+        self._answer_spec = answer_spec
+        self._priority_spec = priority_spec
+        self._answer = answer_spec.allocate()
+        self._num_envs = vector_env.num_envs
+        self._random_steps = random_steps  # this rank's share of algorithm.learning_starts
+        self._timeout_s = timeout_s
+        self._next_step_mode = autoreset_mode(vector_env) == AutoresetMode.NEXT_STEP
+        self._low = np.asarray(spaces.action_low, np.float32)
+        self._high = np.asarray(spaces.action_high, np.float32)
+        self._rng = np.random.default_rng([seed, env_offset, 17])
+        self._obs = np.asarray(vector_env.reset(seed=seed * 1_000_003 + env_offset)[0], np.float32)
+        self._pending_reset = np.zeros(self._num_envs, bool)
+        self._episode_return = np.zeros(self._num_envs)
+        self._episode_length = np.zeros(self._num_envs, np.int64)
+        self._finished: list[tuple[float, int]] = []
+        self._episodes_finished = 0
+        self._allowance = 0
+        self._request: np.ndarray | None = None
+        self._seconds = np.zeros(3)  # env stepping, inference, serving
+        self.produced = 0
+        self.stopped = False
+
+    def _poll(self) -> None:
+        message = self._channel.poll_params()
+        if message is not None:
+            self._policy.set_params(self._param_spec.views(message)["params"])
+        if self._request is None:
+            self._request = self._channel.poll_request()
+        if self._channel.stop_requested():
+            self.stopped = True
+
+    def _can_step(self) -> bool:
+        return self.produced < self._allowance and (
+            self._policy.has_params or self.produced < self._random_steps
+        )
+
+    def ready(self) -> bool:
+        """Whether `run_once` has something to do now (for the in-process interleaving)."""
+        self._poll()
+        return self.stopped or self._request is not None or self._can_step()
+
+    def run_once(self) -> bool:
+        """Serve what arrived, then take one vector step if allowed; False once told to stop."""
+        self._poll()
+        if self.stopped:
+            return False
+        tick = time.perf_counter()
+        served = False
+        if self._request is not None:
+            self._serve(self._request)
+            self._request = None
+            served = True
+        while (message := self._channel.poll_priorities()) is not None:
+            fields = self._priority_spec.views(message)
+            count = int(fields["count"][0])
+            self._partition.update_priorities(
+                fields["slot"][:count], fields["generation"][:count], fields["td_error"][:count]
+            )
+            served = True
+        self._seconds[2] += time.perf_counter() - tick
+        if self._can_step():
+            self._step()
+        elif not served:
+            self._channel.idle()
+        return True
+
+    def _serve(self, request: np.ndarray) -> None:
+        fields = self._request_spec.views(request)
+        self._allowance = max(self._allowance, int(fields["insert_allowance"][0]))
+        count = int(fields["count"][0])
+        answer = self._answer_spec.views(self._answer)
+        answer["request_id"][0] = fields["request_id"][0]
+        answer["count"][0] = count
+        if count:
+            rows = self._partition.sample(count, self._rng)
+            for name, value in rows.items():
+                answer[name][:count] = value
+        answer["mass"][0] = self._partition.mass
+        counters = self._partition.counters
+        values = {
+            "size": self._partition.size,
+            "inserted": counters.inserted,
+            "overwritten": counters.overwritten,
+            "sampled": counters.sampled,
+            "produced": self.produced,
+            "pending": self._partition.pending,
+            "episodes_finished": self._episodes_finished,
+            "priority_updates": counters.priority_updates,
+            "stale_priority_updates": counters.stale_priority_updates,
+        }
+        answer["counters"][:] = [values[name] for name in REPLAY_COUNTERS]
+        answer["actor_seconds"][:] = self._seconds
+        reported = self._finished[:MAX_EPISODES_PER_ANSWER]
+        answer["num_episodes"][0] = len(self._finished)
+        answer["episode_return"][: len(reported)] = [r for r, _ in reported]
+        answer["episode_length"][: len(reported)] = [n for _, n in reported]
+        self._finished = []
+        self._channel.send_answer(self._answer)
+
+    def _step(self) -> None:
+        valid = ~self._pending_reset
+        tick = time.perf_counter()
+        if self._policy.has_params and self.produced >= self._random_steps:
+            action = self._policy.act(self._obs)
+        else:
+            action = self._policy.random_act(self._num_envs)
+        tock = time.perf_counter()
+        env_action = self._low + (action + 1.0) * 0.5 * (self._high - self._low)
+        next_obs, reward, terminated, truncated, info = self._env.step(env_action)
+        self._seconds[0] += time.perf_counter() - tock
+        self._seconds[1] += tock - tick
+        next_obs = np.asarray(next_obs, np.float32)
+        terminated = np.asarray(terminated, bool) & valid
+        truncated = np.asarray(truncated, bool) & valid & ~terminated
+        ended = terminated | truncated
+        final_obs = next_obs
+        if not self._next_step_mode and ended.any():
+            final_obs = next_obs.copy()
+            for i in np.flatnonzero(ended):
+                final_obs[i] = np.asarray(info["final_obs"][i], np.float32)
+        self._partition.add_step(
+            self._obs,
+            action,
+            np.asarray(reward, np.float32),
+            final_obs,
+            terminated,
+            truncated,
+            valid,
+        )
+        self.produced += int(valid.sum())
+        self._episode_return += np.where(valid, reward, 0.0)
+        self._episode_length += valid
+        for i in np.flatnonzero(ended):
+            self._finished.append((float(self._episode_return[i]), int(self._episode_length[i])))
+            self._episodes_finished += 1
+        self._episode_return[ended] = 0.0
+        self._episode_length[ended] = 0
+        if self._next_step_mode:
+            self._pending_reset = ended
+        self._obs = next_obs
+
+    def finish(self) -> dict[str, Any]:
+        """Report this partition's accounting and close the envs."""
+        counters = self._partition.counters
+        report = {
+            "produced": self.produced,
+            "inserted": counters.inserted,
+            "overwritten": counters.overwritten,
+            "stored": self._partition.size,
+            "pending": self._partition.pending,
+            "sampled": counters.sampled,
+            "priority_updates": counters.priority_updates,
+            "stale_priority_updates": counters.stale_priority_updates,
+        }
+        self._channel.send_final_report(report)
+        self._env.close()
+        return report

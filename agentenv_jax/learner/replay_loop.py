@@ -1,0 +1,338 @@
+"""The learner loop in replay mode (SAC): sample a global batch from every partition, update on
+the device mesh, send new priorities back, and pace sampling against inserting.
+
+Each round the learner asks every partition for its share of the next batch — a multinomial
+split by the priority masses the partitions reported with their last answers — and, before
+training on the batch it just received, already sends the request for the next one (prefetch).
+Priorities computed from a batch therefore reach the partitions one round later; like Ape-X,
+sampling uses priorities at most one update old.
+
+Rate control (as Reverb's sample-to-insert limiter): the learner samples only while
+`sampled <= samples_per_insert * (inserted - learning_starts) + batch_size`, and grants env ranks
+an insert allowance of `learning_starts + sampled / samples_per_insert + slack`, so neither side
+runs away from the ratio, and neither can deadlock the other (slack >= one batch's worth).
+"""
+
+from __future__ import annotations
+
+import collections
+import math
+import time
+from typing import Any
+
+import jax
+import numpy as np
+import optax
+from jax.sharding import NamedSharding, PartitionSpec
+
+from agentenv_jax.algorithms.sac import SACHyperparams, init_sac_state, make_sac_update
+from agentenv_jax.buffers.replay import importance_weights, split_batch
+from agentenv_jax.config.schema import ExperimentConfig, SACConfig
+from agentenv_jax.envs.factory import EnvSpaces
+from agentenv_jax.metrics.accounting import ReplayAccounting
+from agentenv_jax.metrics.logger import MetricsWriter, ProgressLine
+from agentenv_jax.networks.flat_params import FlatLayout
+from agentenv_jax.networks.sac_networks import make_sac_networks
+from agentenv_jax.parallel.mesh import BATCH_AXIS, make_mesh, replicated, row_constraint
+from agentenv_jax.transport.messages import REPLAY_COUNTERS
+from agentenv_jax.transport.spec import MessageSpec
+
+BATCH_FIELDS = ("obs", "action", "reward", "next_obs", "discount")
+
+
+def sac_networks_for(config: ExperimentConfig, spaces: EnvSpaces):
+    """The SAC networks of an experiment (shared by learner and env ranks)."""
+    return make_sac_networks(
+        spaces.obs_shape,
+        spaces.action_size,
+        config.network.actor_hidden,
+        config.network.critic_hidden,
+        config.network.activation,
+    )
+
+
+def insert_allowance(algo: SACConfig, sampled: int, global_num_envs: int) -> int:
+    """Transitions env ranks may have inserted in total, given how many the learner sampled."""
+    slack = 2 * global_num_envs + math.ceil(algo.batch_size / algo.samples_per_insert)
+    return algo.learning_starts + math.ceil(sampled / algo.samples_per_insert) + slack
+
+
+def may_sample(algo: SACConfig, sampled: int, inserted: int) -> bool:
+    """Whether one more batch keeps sampling within the samples-per-insert ratio."""
+    if inserted < algo.learning_starts:
+        return False
+    return sampled <= algo.samples_per_insert * (inserted - algo.learning_starts) + 0.5
+
+
+class ReplayLearner:
+    """Owns the SAC train state on the mesh; drives the sharded replay over a replay channel."""
+
+    def __init__(
+        self,
+        config: ExperimentConfig,
+        spaces: EnvSpaces,
+        channel: Any,
+        param_spec: MessageSpec,
+        request_spec: MessageSpec,
+        answer_spec: MessageSpec,
+        priority_spec: MessageSpec,
+        local_num_envs: tuple[int, ...],
+        num_devices: int,
+        writer: MetricsWriter | None,
+        progress: ProgressLine | None,
+    ):
+        algo = config.algorithm
+        assert isinstance(algo, SACConfig)
+        self.config = config
+        self._algo = algo
+        self._channel = channel
+        self._param_spec = param_spec
+        self._request_spec = request_spec
+        self._answer_spec = answer_spec
+        self._priority_spec = priority_spec
+        self._writer = writer
+        self._progress = progress
+        self._num_partitions = len(local_num_envs)
+        self._env_share = np.asarray(local_num_envs, np.float64) / sum(local_num_envs)
+        self._global_num_envs = sum(local_num_envs)
+        self._rng = np.random.default_rng([config.run.seed, 91])
+        # Updates the budget allows at the configured ratio (for the progress line and beta).
+        self.num_updates = max(
+            1,
+            math.ceil(
+                (config.run.total_env_steps - algo.learning_starts)
+                * algo.samples_per_insert
+                / algo.batch_size
+            ),
+        )
+
+        networks = sac_networks_for(config, spaces)
+        init_key, train_key = jax.random.split(jax.random.PRNGKey(config.run.seed))
+        actor_params, critic_params = networks.init(init_key)
+        self._ravel_actor = jax.jit(FlatLayout(actor_params).ravel)
+        actor_opt = optax.adam(algo.actor_learning_rate)
+        critic_opt = optax.adam(algo.critic_learning_rate)
+        alpha_opt = optax.adam(algo.alpha_learning_rate)
+        target_entropy = (
+            -float(spaces.action_size) if algo.target_entropy is None else algo.target_entropy
+        )
+        self.mesh = make_mesh(num_devices)
+        update = make_sac_update(
+            networks.actor_apply,
+            networks.critic_apply,
+            actor_opt,
+            critic_opt,
+            alpha_opt,
+            SACHyperparams(algo.tau, target_entropy),
+            constrain_rows=row_constraint(self.mesh),
+        )
+        state_sharding = replicated(self.mesh)
+        row_sharding = NamedSharding(self.mesh, PartitionSpec(BATCH_AXIS))
+        self._update = jax.jit(
+            update,
+            in_shardings=(state_sharding, row_sharding),
+            out_shardings=(state_sharding, state_sharding, row_sharding),
+            donate_argnums=(0,),
+        )
+        self.state = jax.device_put(
+            jax.jit(
+                lambda a, c, k: init_sac_state(
+                    a, c, actor_opt, critic_opt, alpha_opt, algo.initial_alpha, k
+                )
+            )(actor_params, critic_params, train_key),
+            state_sharding,
+        )
+
+        self._param_message = param_spec.allocate()
+        self._requests = [request_spec.allocate() for _ in range(self._num_partitions)]
+        self._priorities = priority_spec.allocate()
+        self._requested = np.zeros(self._num_partitions, np.int64)
+        self._request_id = 0
+        self._counters = np.zeros((self._num_partitions, len(REPLAY_COUNTERS)), np.int64)
+        self._masses = np.zeros(self._num_partitions)
+        self._actor_seconds = np.zeros((self._num_partitions, 3))
+        self._returns: collections.deque[float] = collections.deque(maxlen=config.run.return_window)
+        self._lengths: collections.deque[int] = collections.deque(maxlen=config.run.return_window)
+        self.sampled = 0  # rows requested and received
+        self.trained = 0  # rows consumed by updates
+        self.updates = 0
+        self.episodes = 0
+        self.done = False
+        self.accounting: ReplayAccounting | None = None
+        self.last_record: dict[str, Any] = {}
+        self._start_time = time.perf_counter()
+        self._wait_s = 0.0
+        self._update_s = 0.0
+
+    def _counter(self, name: str) -> int:
+        return int(self._counters[:, REPLAY_COUNTERS.index(name)].sum())
+
+    @property
+    def env_steps(self) -> int:
+        return self._counter("produced")
+
+    @property
+    def trained_rows(self) -> int:
+        return self.trained
+
+    @property
+    def episode_return_mean(self) -> float:
+        return float(np.mean(self._returns)) if self._returns else float("nan")
+
+    def params(self) -> Any:
+        """The current actor parameters as a host pytree."""
+        return jax.device_get(self.state.actor_params)
+
+    def start(self) -> None:
+        self._start_time = time.perf_counter()
+        self._broadcast()
+        self._send_requests(np.zeros(self._num_partitions, np.int64))
+
+    def _broadcast(self) -> None:
+        fields = self._param_spec.views(self._param_message)
+        fields["version"][0] = self.updates
+        fields["params"][:] = np.asarray(self._ravel_actor(self.state.actor_params))
+        self._channel.broadcast_params(self._param_message)
+
+    def _send_requests(self, counts: np.ndarray) -> None:
+        self._request_id += 1
+        allowance = insert_allowance(
+            self._algo, self.sampled + int(counts.sum()), self._global_num_envs
+        )
+        for i, message in enumerate(self._requests):
+            fields = self._request_spec.views(message)
+            fields["request_id"][0] = self._request_id
+            fields["count"][0] = counts[i]
+            fields["insert_allowance"][0] = math.ceil(allowance * self._env_share[i])
+        self._requested = counts
+        self._channel.send_requests(self._requests)
+
+    def _next_counts(self) -> np.ndarray:
+        inserted = self._counter("inserted")
+        budget_left = self.env_steps < self.config.run.total_env_steps
+        if (
+            budget_left
+            and self._masses.sum() > 0
+            and may_sample(self._algo, self.sampled, inserted)
+        ):
+            return split_batch(self._algo.batch_size, self._masses, self._rng)
+        return np.zeros(self._num_partitions, np.int64)
+
+    def run_once(self) -> dict[str, Any] | None:
+        """Take the answers to the last request, request the next batch, train on this one."""
+        tick = time.perf_counter()
+        answers = self._channel.wait_answers(self.config.run.transport_timeout_s)
+        self._wait_s += time.perf_counter() - tick
+        views = [self._answer_spec.views(a) for a in answers]
+        for i, answer in enumerate(views):
+            self._counters[i] = answer["counters"]
+            self._masses[i] = answer["mass"][0]
+            self._actor_seconds[i] = answer["actor_seconds"]
+            reported = int(min(answer["num_episodes"][0], len(answer["episode_return"])))
+            self._returns.extend(answer["episode_return"][:reported].tolist())
+            self._lengths.extend(answer["episode_length"][:reported].tolist())
+            self.episodes += int(answer["num_episodes"][0])
+        counts = self._requested
+        batch = None
+        if counts.sum() > 0:
+            batch = {
+                name: np.concatenate([v[name][:c] for v, c in zip(views, counts, strict=True)])
+                for name in (*BATCH_FIELDS, "priority", "slot", "generation")
+            }
+            self.sampled += int(counts.sum())
+        # Prefetch: the partitions draw the next batch while this one trains.
+        self._send_requests(self._next_counts())
+        if batch is None:
+            self.done = self.env_steps >= self.config.run.total_env_steps and (
+                self._requested.sum() == 0
+            )
+            if not self.done and self._requested.sum() == 0:
+                self._channel.idle()
+            return None
+        return self._train(batch, counts)
+
+    def _train(self, batch: dict[str, np.ndarray], counts: np.ndarray) -> dict[str, Any]:
+        algo = self._algo
+        if algo.prioritized:
+            progress = min(1.0, self.updates / self.num_updates)
+            beta = algo.priority_beta + (1.0 - algo.priority_beta) * progress
+            weights = importance_weights(
+                batch["priority"], float(self._masses.sum()), self._counter("size"), beta
+            )
+        else:
+            weights = np.ones(len(batch["reward"]), np.float32)
+        device_batch = {name: batch[name] for name in BATCH_FIELDS} | {"weight": weights}
+        tick = time.perf_counter()
+        self.state, metrics, td_errors = self._update(self.state, device_batch)
+        td_errors = np.asarray(td_errors)
+        self._update_s += time.perf_counter() - tick
+        self.trained += len(td_errors)
+        self.updates += 1
+        if algo.prioritized:
+            offset = 0
+            for i, count in enumerate(counts):
+                fields = self._priority_spec.views(self._priorities)
+                fields["count"][0] = count
+                rows = slice(offset, offset + count)
+                fields["slot"][:count] = batch["slot"][rows]
+                fields["generation"][:count] = batch["generation"][rows]
+                fields["td_error"][:count] = td_errors[rows]
+                if count:
+                    self._channel.send_priorities(i, self._priorities)
+                offset += count
+        if self.updates % algo.param_broadcast_interval == 0:
+            self._broadcast()
+        stop_at = self.config.run.stop_at_return
+        self.done = (self.env_steps >= self.config.run.total_env_steps) or (
+            stop_at is not None
+            and len(self._returns) == self.config.run.return_window
+            and self.episode_return_mean >= stop_at
+        )
+        if self.updates % algo.log_interval and not self.done:
+            return {}
+        record = self._record({k: float(v) for k, v in jax.device_get(metrics).items()})
+        if self._writer is not None:
+            self._writer.write(record)
+        if self._progress is not None:
+            self._progress.update(record, force=self.done)
+        return record
+
+    def _record(self, metrics: dict[str, float]) -> dict[str, Any]:
+        elapsed = time.perf_counter() - self._start_time
+        inserted = self._counter("inserted")
+        record = {
+            "update": self.updates,
+            "env_steps": self.env_steps,
+            "episodes": self.episodes,
+            "wall_s": elapsed,
+            "steps_per_s": self.env_steps / max(elapsed, 1e-9),
+            "episode_return_mean": self.episode_return_mean,
+            "episode_length_mean": float(np.mean(self._lengths)) if self._lengths else math.nan,
+            "policy_lag_mean": 0.0,
+            "replay/size": self._counter("size"),
+            "replay/inserted": inserted,
+            "replay/sampled": self.sampled,
+            "replay/samples_per_insert": self.sampled / max(inserted, 1),
+            "replay/partition_mass": self._masses.tolist(),
+            "replay/stale_priority_updates": self._counter("stale_priority_updates"),
+            **metrics,
+            "time/learner_wait_s": self._wait_s,
+            "time/learner_update_s": self._update_s,
+            "time/actor_env_step_s": float(self._actor_seconds[:, 0].mean()),
+            "time/actor_inference_s": float(self._actor_seconds[:, 1].mean()),
+            "time/actor_serving_s": float(self._actor_seconds[:, 2].mean()),
+        }
+        self.last_record = record
+        return record
+
+    def request_stop(self) -> None:
+        self._channel.request_stop()
+
+    def finish(self) -> ReplayAccounting:
+        reports = self._channel.collect_final_reports(self.config.run.transport_timeout_s)
+        self.accounting = ReplayAccounting.from_reports(
+            reports, received=self.sampled, trained=self.trained
+        )
+        if self._progress is not None:
+            self._progress.close()
+        return self.accounting
