@@ -50,3 +50,32 @@ class CrashingCartPole(gym.Wrapper):
 
 def crashing_cartpole(crash_after: int = 300) -> gym.Env:
     return CrashingCartPole(crash_after)
+
+
+class CounterEnv(gym.Env):
+    """Observations `[env id, t]`, reward `t` for the step taken at `t`: any stored transition
+    can be checked for consistency (`next_obs = [id, t + 1]`, `reward = t`). The env id is the
+    seed of its first reset, which the framework makes unique across env ranks."""
+
+    observation_space = gym.spaces.Box(-np.inf, np.inf, (2,), np.float32)
+    action_space = gym.spaces.Box(-1.0, 1.0, (1,), np.float32)
+
+    def __init__(self):
+        self._id = -1.0
+        self._t = 0
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        if seed is not None:
+            self._id = float(seed)
+        self._t = 0
+        return np.array([self._id, 0.0], np.float32), {}
+
+    def step(self, action):
+        reward = float(self._t)
+        self._t += 1
+        return np.array([self._id, self._t], np.float32), reward, False, self._t >= 50, {}
+
+
+def counter_env() -> gym.Env:
+    return CounterEnv()
