@@ -120,8 +120,9 @@ class ReplayPartition:
         if self.n_step == 1:
             if valid.any():
                 discount = np.where(terminated, 0.0, self.gamma).astype(np.float32)
-                self.insert(obs[valid], action[valid], reward[valid], next_obs[valid],
-                            discount[valid])
+                self.insert(
+                    obs[valid], action[valid], reward[valid], next_obs[valid], discount[valid]
+                )
             return
         out: list[tuple] = []
         for env in np.flatnonzero(valid):

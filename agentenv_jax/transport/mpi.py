@@ -91,6 +91,7 @@ class _ParamBroadcast:
         self._buffers = [np.empty(nbytes, dtype=np.uint8) for _ in range(2)]
         self._requests: list[list[MPI.Request]] = [[], []]
         self._turn = 0
+        self.sent = 0  # messages sent to each env rank; the stop request carries it
 
     def send(self, message: np.ndarray) -> None:
         turn = self._turn
@@ -106,6 +107,7 @@ class _ParamBroadcast:
             for rank in self._env_ranks
         ]
         self._turn = 1 - turn
+        self.sent += 1
 
     def pending(self) -> list[MPI.Request]:
         return [r for requests in self._requests for r in requests]
@@ -124,6 +126,8 @@ class MPIActorChannel:
         self._credit_req = comm.Irecv(self._credit_inbox, source=learner_rank, tag=TAG_CREDIT)
         self._control_req = comm.irecv(source=learner_rank, tag=TAG_CONTROL)
         self._credits = 0
+        self._params_received = 0
+        self._stop_message: dict[str, Any] | None = None
         self._backoff = _Backoff()
         self._inflight: list[tuple[MPI.Request, np.ndarray]] = []
         self._stopped = False
@@ -138,14 +142,16 @@ class MPIActorChannel:
 
     def _poll_stop(self) -> bool:
         if not self._stopped:
-            arrived, _ = self._control_req.test()
-            self._stopped = bool(arrived)
+            arrived, message = self._control_req.test()
+            if arrived:
+                self._stopped, self._stop_message = True, message
         return self._stopped
 
     def poll_params(self) -> np.ndarray | None:
         fresh = False
         # Drain everything that arrived: only the newest version matters.
         while self._param_req.Test():
+            self._params_received += 1
             self._latest_params[...] = self._param_inbox
             self._param_req = self._comm.Irecv(
                 self._param_inbox, source=self._learner, tag=TAG_PARAMS
@@ -185,6 +191,15 @@ class MPIActorChannel:
         _wait_until(sent, timeout_s, lambda: f"{len(self._inflight)} segment sends to complete")
 
     def send_final_report(self, report: dict[str, Any]) -> None:
+        # Take every parameter message the learner sent before it asked us to stop, so none of
+        # its sends is left unmatched when we cancel our receive.
+        sent = (self._stop_message or {}).get("params_sent", 0)
+
+        def all_received() -> bool:
+            self.poll_params()
+            return self._params_received >= sent
+
+        _wait_until(all_received, 30.0, lambda: "the learner's last parameter message")
         self._comm.send(dict(report), dest=self._learner, tag=TAG_FINAL)
         for request in (self._param_req, self._credit_req):
             request.Cancel()
@@ -268,10 +283,9 @@ class MPILearnerChannel:
         self._round_taken = False
 
     def request_stop(self) -> None:
+        stop = {"stop": True, "params_sent": self._params.sent}
         for rank in self._env_ranks:
-            self._small_sends.append(
-                (self._comm.isend({"stop": True}, dest=rank, tag=TAG_CONTROL), None)
-            )
+            self._small_sends.append((self._comm.isend(stop, dest=rank, tag=TAG_CONTROL), None))
 
     def collect_final_reports(
         self, timeout_s: float
@@ -444,8 +458,9 @@ class MPIReplayLearnerChannel:
         )
 
     def request_stop(self) -> None:
+        stop = {"stop": True, "params_sent": self._params.sent}
         for rank in self._env_ranks:
-            self._small_sends.append(self._comm.isend({"stop": True}, dest=rank, tag=TAG_CONTROL))
+            self._small_sends.append(self._comm.isend(stop, dest=rank, tag=TAG_CONTROL))
 
     def collect_final_reports(self, timeout_s: float) -> list[dict[str, Any]]:
         reports = []
@@ -456,6 +471,10 @@ class MPIReplayLearnerChannel:
                 lambda r=rank: f"the final report of env rank {r}",
             )
             reports.append(self._comm.recv(source=rank, tag=TAG_FINAL))
+        for request in self._answer_reqs:  # a prefetched request the rank stopped before serving
+            if request is not None and not request.Test():
+                request.Cancel()
+                request.Wait()
         _finish_sends(
             self._small_sends
             + self._params.pending()
