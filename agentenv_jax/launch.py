@@ -155,18 +155,10 @@ def _network(config: ExperimentConfig, spaces):
     """The actor-critic module, its apply function and the layout of its flat parameters."""
     import jax
 
-    from agentenv_jax.networks import init_params, make_actor_critic
+    from agentenv_jax.networks import actor_critic_for, init_params
     from agentenv_jax.networks.flat_params import FlatLayout
 
-    module, apply_fn = make_actor_critic(
-        spaces.action_kind,
-        spaces.action_size,
-        len(spaces.obs_shape),
-        config.network.actor_hidden,
-        config.network.critic_hidden,
-        config.network.activation,
-        config.network.log_std_init,
-    )
+    module, apply_fn = actor_critic_for(config.network, spaces)
     layout = FlatLayout.of(lambda: init_params(module, spaces.obs_shape, jax.random.key(0)))
     return module, apply_fn, layout
 

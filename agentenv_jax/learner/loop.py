@@ -34,8 +34,8 @@ from agentenv_jax.metrics.logger import MetricsWriter, ProgressLine
 from agentenv_jax.networks import (
     ActionDistribution,
     action_distribution,
+    actor_critic_for,
     init_params,
-    make_actor_critic,
 )
 from agentenv_jax.networks.flat_params import FlatLayout
 from agentenv_jax.parallel.mesh import (
@@ -172,15 +172,7 @@ class Learner:
         self._progress = progress
         self.num_updates = num_updates(config)
 
-        module, apply_fn = make_actor_critic(
-            spaces.action_kind,
-            spaces.action_size,
-            len(spaces.obs_shape),
-            config.network.actor_hidden,
-            config.network.critic_hidden,
-            config.network.activation,
-            config.network.log_std_init,
-        )
+        module, apply_fn = actor_critic_for(config.network, spaces)
         init_key, train_key = jax.random.split(jax.random.PRNGKey(config.run.seed))
         params = init_params(module, spaces.obs_shape, init_key)
         self._ravel = jax.jit(FlatLayout(params).ravel)

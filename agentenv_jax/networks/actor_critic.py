@@ -102,3 +102,19 @@ def init_params(module: ActorCritic, obs_shape: Sequence[int], key: jax.Array) -
     """
     dummy_obs = jnp.zeros((1, *obs_shape), jnp.float32)
     return jax.jit(lambda k: module.init(k, dummy_obs)["params"])(key)
+
+
+def actor_critic_for(
+    network: Any, spaces: Any
+) -> tuple[ActorCritic, Callable[[Any, jax.Array], tuple[jax.Array, jax.Array]]]:
+    """The actor-critic of an experiment: `network` is its `NetworkConfig`, `spaces` its
+    `EnvSpaces`. Learner and env ranks both build it here, so their parameters line up."""
+    return make_actor_critic(
+        spaces.action_kind,
+        spaces.action_size,
+        len(spaces.obs_shape),
+        network.actor_hidden,
+        network.critic_hidden,
+        network.activation,
+        network.log_std_init,
+    )
