@@ -18,6 +18,12 @@ def _parser() -> argparse.ArgumentParser:
     train = commands.add_parser("train", help="train an agent from an experiment file")
     train.add_argument("config", nargs="?", help="experiment YAML (default: built-in defaults)")
     train.add_argument(
+        "--resume",
+        metavar="RUN_DIR",
+        help="continue the run in RUN_DIR from its newest checkpoint (its "
+        "config.yaml, with any --set applied on top)",
+    )
+    train.add_argument(
         "--set",
         dest="overrides",
         action="append",
@@ -30,6 +36,24 @@ def _parser() -> argparse.ArgumentParser:
     show.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
     commands.add_parser("config-reference", help="print the config reference (Markdown)")
     return parser
+
+
+def resume_config(run_dir: str, config_path: str | None, overrides: list[str]):
+    """The config of a resumed run: the run's own config.yaml (or an explicit file) plus
+    overrides, pointed back at the same run directory."""
+    from pathlib import Path
+
+    from agentenv_jax.config.loading import load_config
+
+    folder = Path(run_dir)
+    if not (folder / "checkpoints").is_dir():
+        raise ConfigError(
+            f"--resume {run_dir!r}: not a run directory with checkpoints "
+            "(expected RUN_DIR/checkpoints from an earlier run)"
+        )
+    path = config_path or folder / "config.yaml"
+    location = [f"run.run_dir={folder.resolve().parent}", f"run.name={folder.resolve().name}"]
+    return load_config(path, [*overrides, *location])
 
 
 def _is_lead_rank() -> bool:
@@ -49,6 +73,7 @@ def main(argv: list[str] | None = None) -> int:
         print(config_reference())
         return 0
 
+    from agentenv_jax.checkpoint.store import CheckpointError
     from agentenv_jax.config.loading import config_to_dict, load_config
     from agentenv_jax.envs.factory import EnvError
     from agentenv_jax.launch import StartupError, abort_on_unexpected_error, train
@@ -56,14 +81,18 @@ def main(argv: list[str] | None = None) -> int:
     from agentenv_jax.transport.base import TransportError
 
     try:
-        config = load_config(args.config, args.overrides)
+        resume = getattr(args, "resume", None)
+        if resume is not None:
+            config = resume_config(resume, args.config, args.overrides)
+        else:
+            config = load_config(args.config, args.overrides)
         if args.command == "show-config":
             import yaml
 
             print(yaml.safe_dump(config_to_dict(config), sort_keys=False), end="")
             return 0
-        train(config)
-    except (ConfigError, EnvError, MeshError, StartupError) as err:
+        train(config, resume=resume is not None)
+    except (ConfigError, EnvError, MeshError, StartupError, CheckpointError) as err:
         # Every rank sees the same error; one message is enough.
         if _is_lead_rank():
             print(f"agentenv: error: {err}", file=sys.stderr, flush=True)

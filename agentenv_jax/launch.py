@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import signal
 import sys
 import time
 import traceback
@@ -48,6 +49,7 @@ class TrainResult:
     wall_s: float
     accounting: dict[str, Any] | None
     params: Any = None  # final parameters (host pytree) on the learner
+    interrupted: bool = False  # stopped early by SIGTERM/SIGINT (a final checkpoint was written)
 
 
 def launched_by_mpi() -> bool:
@@ -332,10 +334,13 @@ def _learner_outputs(config: ExperimentConfig):
     return run_dir, writer, progress
 
 
-def _summarize(run_dir: Path, learner, wall_s: float, topology: Topology) -> TrainResult:
+def _summarize(
+    run_dir: Path, learner, wall_s: float, topology: Topology, interrupted: bool = False
+) -> TrainResult:
     accounting = learner.accounting.as_dict()
     summary = {
         "run_dir": str(run_dir),
+        "interrupted": interrupted,
         "topology": f"{topology.num_learner_ranks} learner + {topology.num_env_ranks} env "
         f"rank(s), {topology.global_num_envs} envs, "
         f"{len(learner.mesh.devices.flat)} learner device(s)",
@@ -360,6 +365,7 @@ def _summarize(run_dir: Path, learner, wall_s: float, topology: Topology) -> Tra
         wall_s,
         accounting,
         learner.params(),
+        interrupted,
     )
 
 
@@ -368,7 +374,12 @@ def format_summary(summary: dict[str, Any]) -> str:
     ok = "reconciles" if acc["reconciles"] else "DOES NOT RECONCILE"
     lines = [
         "─" * 72,
-        f" run        {summary['run_dir']}",
+        f" run        {summary['run_dir']}"
+        + (
+            "   (interrupted: resume with agentenv train --resume this folder)"
+            if summary.get("interrupted")
+            else ""
+        ),
         f" topology   {summary['topology']}",
         f" updates    {summary['updates']}   env steps {summary['env_steps']:,}   "
         f"episodes {summary['episodes']:,}",
@@ -394,16 +405,25 @@ def format_summary(summary: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def _drive_learner(learner) -> None:
-    learner.start()
-    while not learner.done:
-        learner.run_once()
-    learner.request_stop()
-    learner.finish()
+def _agree(world: Any, error: str | None) -> None:
+    """Every rank says whether its part could start; if any could not, every rank raises the
+    same error, so no rank is left waiting for a peer."""
+    failures = [(rank, e) for rank, e in enumerate(world.allgather(error)) if e is not None]
+    if failures:
+        rank, message = failures[0]
+        raise StartupError(f"rank {rank}: {message}")
 
 
-def run_single_process(config: ExperimentConfig) -> TrainResult:
+def _describe(err: BaseException) -> str:
+    if isinstance(err, ConfigError | ValueError):
+        return str(err)
+    return f"{type(err).__name__}: {err}"  # an env constructor can raise anything
+
+
+def run_single_process(config: ExperimentConfig, resume: bool = False) -> TrainResult:
     """One learner and one env rank in this process, interleaved over the in-process transport."""
+    from agentenv_jax.learner.session import LearnerSession
+
     topology = make_topology(config, world_size=1, rank=0)
     vector_env, spaces = _prepare_env_rank(config, topology)
     try:
@@ -418,35 +438,44 @@ def run_single_process(config: ExperimentConfig) -> TrainResult:
     started = time.perf_counter()
     try:
         learner = plan.make_learner(transport.learner, num_devices, writer, progress)
+        session = LearnerSession(learner, config, run_dir, resume)
+        session.install_signal_handlers()
         learner.start()
         # The env rank runs until it would have to wait for the learner, then the learner
         # takes one round: the same loops as under MPI, interleaved.
-        while not learner.done:
+        while session.running:
             while actor.ready():
                 actor.run_once()
             learner.run_once()
+            session.after_round()
+        session.close()
         learner.request_stop()
         actor.run_once()
         actor.finish()
         learner.finish()
     finally:
         writer.close()
-    return _summarize(run_dir, learner, time.perf_counter() - started, topology)
+    return _summarize(
+        run_dir, learner, time.perf_counter() - started, topology, session.interrupted
+    )
 
 
-def run_mpi(config: ExperimentConfig) -> TrainResult:
+def run_mpi(config: ExperimentConfig, resume: bool = False) -> TrainResult:
     """This rank's part of an MPI job (learner or env rank)."""
+    from agentenv_jax.learner.session import LearnerSession, check_resumable
     from agentenv_jax.transport.mpi import MPIWorld
 
     world = MPIWorld()
     if world.size == 1:
-        return run_single_process(config)
+        return run_single_process(config, resume)
     topology = make_topology(config, world.size, world.rank)
-    if topology.is_env_rank and config.topology.single_threaded_env_ranks:
-        _single_threaded_xla()
+    if topology.is_env_rank:
+        if config.topology.single_threaded_env_ranks:
+            _single_threaded_xla()
+        # Preemption and Ctrl-C reach every rank; the learner decides when to stop.
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
 
-    # Start-up agreement: every rank reports whether its role could start; if any could not,
-    # every rank raises the same error, so no rank is left waiting for a peer.
     vector_env = spaces = None
     error = None
     try:
@@ -454,32 +483,56 @@ def run_mpi(config: ExperimentConfig) -> TrainResult:
             vector_env, spaces = _prepare_env_rank(config, topology)
         else:
             num_devices = _learner_devices(config)
-    except (ConfigError, ValueError) as err:
-        error = f"{err}"
-    except Exception as err:  # an env constructor can raise anything
-        error = f"{type(err).__name__}: {err}"
+            if resume:
+                check_resumable(config, Path(config.run.run_dir) / str(config.run.name))
+    except Exception as err:
+        error = _describe(err)
     outcomes = world.allgather((error, spaces))
+    if any(e is not None for e, _ in outcomes) and vector_env is not None:
+        vector_env.close()
     failures = [(rank, e) for rank, (e, _) in enumerate(outcomes) if e is not None]
     if failures:
-        if vector_env is not None:
-            vector_env.close()
-        rank, message = failures[0]
-        raise StartupError(f"rank {rank}: {message}")
+        raise StartupError(f"rank {failures[0][0]}: {failures[0][1]}")
     spaces = outcomes[topology.num_learner_ranks][1]
     plan = _plan(config, topology, spaces)
 
+    # Second agreement: building the roles can fail too (a checkpoint that does not fit).
     started = time.perf_counter()
-    if topology.is_learner:
-        channel = plan.make_mpi_learner_channel(world)
-        run_dir, writer, progress = _learner_outputs(config)
-        try:
+    error = None
+    learner = session = actor = writer = None
+    try:
+        if topology.is_learner:
+            channel = plan.make_mpi_learner_channel(world)
+            run_dir, writer, progress = _learner_outputs(config)
             learner = plan.make_learner(channel, num_devices, writer, progress)
-            _drive_learner(learner)
+            session = LearnerSession(learner, config, run_dir, resume)
+        else:
+            actor = plan.make_actor(vector_env, plan.make_mpi_actor_channel(world))
+    except Exception as err:
+        error = _describe(err)
+    try:
+        _agree(world, error)
+    except StartupError:
+        if writer is not None:
+            writer.close()
+        raise
+
+    if topology.is_learner:
+        try:
+            session.install_signal_handlers()
+            learner.start()
+            while session.running:
+                learner.run_once()
+                session.after_round()
+            session.close()
+            learner.request_stop()
+            learner.finish()
         finally:
             writer.close()
-        return _summarize(run_dir, learner, time.perf_counter() - started, topology)
+        return _summarize(
+            run_dir, learner, time.perf_counter() - started, topology, session.interrupted
+        )
 
-    actor = plan.make_actor(vector_env, plan.make_mpi_actor_channel(world))
     while actor.run_once():
         pass
     report = actor.finish()
@@ -488,11 +541,14 @@ def run_mpi(config: ExperimentConfig) -> TrainResult:
     )
 
 
-def train(config: ExperimentConfig) -> TrainResult:
-    """Train as configured: over MPI when started by a launcher, else in this one process."""
+def train(config: ExperimentConfig, resume: bool = False) -> TrainResult:
+    """Train as configured: over MPI when started by a launcher, else in this one process.
+
+    With `resume`, the learner continues from the newest checkpoint in the config's run
+    directory (counters, metrics file and all)."""
     if launched_by_mpi():
-        return run_mpi(config)
-    return run_single_process(config)
+        return run_mpi(config, resume)
+    return run_single_process(config, resume)
 
 
 def abort_on_unexpected_error(exc: BaseException) -> None:

@@ -98,6 +98,7 @@ class Actor:
         self._return_stats = norm.empty_stats(1)
         self._version = -1
         self._sequence = 0
+        self._segments_filled = 0
         self.produced = 0
         self.sent_segments = 0
         self.stopped = False
@@ -109,6 +110,9 @@ class Actor:
     def _load_params(self, message: np.ndarray) -> None:
         fields = self._param_spec.views(message)
         self._version = int(fields["version"][0])
+        if self._sequence == 0:
+            # A resumed learner starts at its checkpoint's update u, which trains segment u.
+            self._sequence = self._version
         self._policy.set_params(fields["params"])
         self._obs_stats = _stats_from_flat(fields["obs_stats"].copy(), self._spaces.obs_dim)
         self._return_stats = _stats_from_flat(fields["return_stats"].copy(), 1)
@@ -257,6 +261,7 @@ class Actor:
         )
         fields["sequence"][0] = self._sequence
         self._sequence += 1
+        self._segments_filled += 1
         return env_s, inference_s
 
     def _final_obs(self, next_obs: np.ndarray, truncated: np.ndarray, info: dict) -> np.ndarray:
@@ -276,7 +281,7 @@ class Actor:
             "produced": self.produced,
             "sent": self._queue.sent_transitions,
             "unsent": unsent,
-            "segments": self._sequence,
+            "segments": self._segments_filled,
         }
         self._channel.send_final_report(report)
         self._env.close()

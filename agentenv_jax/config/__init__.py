@@ -9,6 +9,7 @@ from agentenv_jax.config.loading import (
     save_config,
 )
 from agentenv_jax.config.schema import (
+    CheckpointConfig,
     EnvConfig,
     ExperimentConfig,
     NetworkConfig,
@@ -18,6 +19,7 @@ from agentenv_jax.config.schema import (
 )
 
 __all__ = [
+    "CheckpointConfig",
     "ConfigError",
     "EnvConfig",
     "ExperimentConfig",

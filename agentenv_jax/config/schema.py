@@ -291,6 +291,28 @@ class RunConfig:
 
 
 @dataclass(frozen=True)
+class CheckpointConfig:
+    """When the learner writes orbax checkpoints into RUN_DIR/checkpoints."""
+
+    every_updates: int = 0  # checkpoint every this many updates (0: not by count)
+    every_minutes: float = 10.0  # checkpoint when this long has passed since the last (0: never)
+    keep: int = 3  # newest checkpoints kept on disk
+    on_exit: bool = True  # checkpoint at the end of a run and on SIGTERM/SIGINT
+
+    def validate(self, prefix: str) -> None:
+        _require(
+            self.every_updates >= 0,
+            f"{prefix}.every_updates",
+            self.every_updates,
+            "an integer >= 0",
+        )
+        _require(
+            self.every_minutes >= 0, f"{prefix}.every_minutes", self.every_minutes, "a number >= 0"
+        )
+        _require(self.keep >= 1, f"{prefix}.keep", self.keep, "an integer >= 1")
+
+
+@dataclass(frozen=True)
 class ExperimentConfig:
     """A whole experiment: what one YAML file in experiments/ describes."""
 
@@ -299,9 +321,10 @@ class ExperimentConfig:
     algorithm: AlgorithmConfig = field(default_factory=PPOConfig)
     topology: TopologyConfig = field(default_factory=TopologyConfig)
     run: RunConfig = field(default_factory=RunConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
 
     def validate(self) -> None:
-        for name in ("env", "network", "algorithm", "topology", "run"):
+        for name in ("env", "network", "algorithm", "topology", "run", "checkpoint"):
             getattr(self, name).validate(name)
         if isinstance(self.algorithm, SACConfig):
             for name in ("normalize_obs", "normalize_reward"):

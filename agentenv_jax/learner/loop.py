@@ -230,8 +230,32 @@ class Learner:
         """The current parameters as a host pytree."""
         return jax.device_get(self.state.params)
 
+    def checkpoint_meta(self) -> dict[str, Any]:
+        """Everything besides `state` a resumed run needs to continue where this one is."""
+        return {
+            "updates": self.updates,
+            "received": self.received,
+            "trained": self.trained,
+            "episodes": self.episodes,
+            "returns": list(self._returns),
+            "lengths": list(self._lengths),
+            "obs_stats": _flat_stats(self._obs_stats).tolist(),
+            "return_stats": _flat_stats(self._return_stats).tolist(),
+        }
+
+    def restore(self, state: TrainState, meta: dict[str, Any]) -> None:
+        """Continue from a checkpoint: the state and the counters go on from where they were."""
+        self.state = jax.device_put(state, replicated(self.mesh))
+        self.updates, self.trained = int(meta["updates"]), int(meta["trained"])
+        self.received, self.episodes = int(meta["received"]), int(meta["episodes"])
+        self._returns.extend(meta["returns"])
+        self._lengths.extend(meta["lengths"])
+        self._obs_stats = _merge_flat_stats(self._obs_stats, np.asarray(meta["obs_stats"]))
+        self._return_stats = _merge_flat_stats(self._return_stats, np.asarray(meta["return_stats"]))
+        self.done = self.updates >= self.num_updates
+
     def start(self) -> None:
-        """Broadcast version 0 so env ranks can start collecting."""
+        """Broadcast the current version so env ranks can start collecting."""
         self._start_time = time.perf_counter()
         self._broadcast()
 

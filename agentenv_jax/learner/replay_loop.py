@@ -153,6 +153,8 @@ class ReplayLearner:
         self._actor_seconds = np.zeros((self._num_partitions, 3))
         self._returns: collections.deque[float] = collections.deque(maxlen=config.run.return_window)
         self._lengths: collections.deque[int] = collections.deque(maxlen=config.run.return_window)
+        self._env_steps_before = 0  # from the checkpoint a resumed run started at
+        self._trained_before = 0
         self.sampled = 0  # rows requested and received
         self.trained = 0  # rows consumed by updates
         self.updates = 0
@@ -169,11 +171,8 @@ class ReplayLearner:
 
     @property
     def env_steps(self) -> int:
-        return self._counter("produced")
-
-    @property
-    def trained_rows(self) -> int:
-        return self.trained
+        """Env steps over the whole run, resumed sessions included."""
+        return self._env_steps_before + self._counter("produced")
 
     @property
     def episode_return_mean(self) -> float:
@@ -182,6 +181,27 @@ class ReplayLearner:
     def params(self) -> Any:
         """The current actor parameters as a host pytree."""
         return jax.device_get(self.state.actor_params)
+
+    def checkpoint_meta(self) -> dict[str, Any]:
+        """Counters and windows to continue from; replay contents are not saved (a resumed run
+        refills its partitions before it samples again)."""
+        return {
+            "updates": self.updates,
+            "trained": self._trained_before + self.trained,
+            "episodes": self.episodes,
+            "env_steps": self.env_steps,
+            "returns": list(self._returns),
+            "lengths": list(self._lengths),
+        }
+
+    def restore(self, state: Any, meta: dict[str, Any]) -> None:
+        """Continue from a checkpoint: learner state, counters and the env-step budget."""
+        self.state = jax.device_put(state, replicated(self.mesh))
+        self.updates, self.episodes = int(meta["updates"]), int(meta["episodes"])
+        self._trained_before = int(meta["trained"])
+        self._env_steps_before = int(meta["env_steps"])
+        self._returns.extend(meta["returns"])
+        self._lengths.extend(meta["lengths"])
 
     def start(self) -> None:
         self._start_time = time.perf_counter()

@@ -1,0 +1,84 @@
+"""Save and restore the learner with orbax's `CheckpointManager`.
+
+A checkpoint is one step folder under `RUN_DIR/checkpoints/` holding two items: `state` (the
+learner's train-state pytree: parameters, optimizer state, target networks, PRNG key, update
+count) and `meta` (JSON: counters, normalizer statistics, the return window, the resolved
+config). Orbax writes each step into a temporary folder and renames it when complete, so a
+crash mid-save never leaves a checkpoint that looks finished.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import jax
+import orbax.checkpoint as ocp
+
+
+class CheckpointError(ValueError):
+    """A checkpoint that is missing, unreadable or from an incompatible experiment."""
+
+
+class CheckpointStore:
+    """The checkpoints of one run directory; keeps the newest `keep`."""
+
+    def __init__(self, run_dir: Path, keep: int):
+        self.directory = Path(run_dir).resolve() / "checkpoints"
+        self._manager = ocp.CheckpointManager(
+            self.directory,
+            options=ocp.CheckpointManagerOptions(max_to_keep=keep, create=True),
+            item_names=("state", "meta"),
+        )
+        self._last_save = time.monotonic()
+
+    def latest_step(self) -> int | None:
+        return self._manager.latest_step()
+
+    def seconds_since_save(self) -> float:
+        return time.monotonic() - self._last_save
+
+    def save(self, step: int, state: Any, meta: dict[str, Any]) -> None:
+        """Write checkpoint `step` and wait until it is complete on disk."""
+        self._manager.save(
+            step,
+            args=ocp.args.Composite(
+                state=ocp.args.StandardSave(state), meta=ocp.args.JsonSave(meta)
+            ),
+            force=True,
+        )
+        self._manager.wait_until_finished()
+        self._last_save = time.monotonic()
+
+    def read_meta(self, step: int | None = None) -> dict[str, Any]:
+        """The metadata of the newest (or given) checkpoint, without loading the state."""
+        step = self.latest_step() if step is None else step
+        if step is None:
+            raise CheckpointError(f"no checkpoint in {self.directory}")
+        restored = self._manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))
+        return dict(restored["meta"])
+
+    def restore(self, like_state: Any, step: int | None = None) -> tuple[Any, dict[str, Any]]:
+        """The newest (or given) checkpoint: a state shaped and sharded like `like_state`, and
+        its metadata."""
+        step = self.latest_step() if step is None else step
+        if step is None:
+            raise CheckpointError(f"no checkpoint in {self.directory}")
+        abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, like_state)
+        try:
+            restored = self._manager.restore(
+                step,
+                args=ocp.args.Composite(
+                    state=ocp.args.StandardRestore(abstract), meta=ocp.args.JsonRestore()
+                ),
+            )
+        except Exception as err:  # orbax raises many kinds on structure or shape mismatches
+            raise CheckpointError(
+                f"checkpoint {self.directory / str(step)} does not match this experiment's "
+                f"learner state: {type(err).__name__}: {str(err)[:300]}"
+            ) from err
+        return restored["state"], dict(restored["meta"])
+
+    def close(self) -> None:
+        self._manager.close()

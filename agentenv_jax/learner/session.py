@@ -1,0 +1,145 @@
+"""A learner's run from start to end: resume, periodic and final checkpoints, preemption.
+
+SIGTERM (Slurm preemption) and SIGINT (Ctrl-C) only set a flag; the loop stops collecting at the
+next update boundary, writes a final checkpoint and returns normally, so every rank shuts down
+through the same stop protocol as a finished run. A second signal interrupts at once.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import time
+from pathlib import Path
+from typing import Any
+
+import jax
+import numpy as np
+
+from agentenv_jax.checkpoint.store import CheckpointError, CheckpointStore
+from agentenv_jax.config.loading import config_to_dict
+from agentenv_jax.config.schema import ExperimentConfig
+
+# Sections of the config a checkpoint's learner state depends on: a resumed run may change
+# budgets, topology, logging and checkpoint cadence, but not these.
+_STATE_DEFINING = ("env.id", "network", "algorithm.name")
+
+
+def _lookup(config: dict[str, Any], dotted: str) -> Any:
+    node: Any = config
+    for key in dotted.split("."):
+        node = node.get(key) if isinstance(node, dict) else None
+    return node
+
+
+def check_compatible(saved: dict[str, Any], current: ExperimentConfig, where: Path) -> None:
+    """Raise `CheckpointError` naming the first setting that makes the checkpoint unusable."""
+    now = config_to_dict(current)
+    for dotted in _STATE_DEFINING:
+        before, after = _lookup(saved, dotted), _lookup(now, dotted)
+        if isinstance(before, dict) and isinstance(after, dict):
+            for key in sorted(set(before) | set(after)):
+                if before.get(key) != after.get(key):
+                    raise CheckpointError(
+                        f"checkpoint {where} was written with {dotted}.{key} = "
+                        f"{before.get(key)!r}; this config has {after.get(key)!r}"
+                    )
+        elif before != after:
+            raise CheckpointError(
+                f"checkpoint {where} was written with {dotted} = {before!r}; "
+                f"this config has {after!r}"
+            )
+
+
+def state_checksum(state: Any) -> float:
+    """A fingerprint of a train state: the float64 sum of |x| over its floating-point leaves."""
+    leaves = [np.asarray(x) for x in jax.tree.leaves(jax.device_get(state))]
+    return float(
+        sum(
+            np.abs(x.astype(np.float64)).sum()
+            for x in leaves
+            if np.issubdtype(x.dtype, np.floating)
+        )
+    )
+
+
+def check_resumable(config: ExperimentConfig, run_dir: Path) -> None:
+    """Fail early (before any rank starts its loop) if the run directory cannot be resumed with
+    this config: no checkpoint, or one written by an incompatible experiment."""
+    store = CheckpointStore(run_dir, config.checkpoint.keep)
+    try:
+        check_compatible(store.read_meta()["config"], config, store.directory)
+    finally:
+        store.close()
+
+
+class LearnerSession:
+    """Drives `learner` (`start`, `run_once`, `done`, `updates`, `state`, `checkpoint_meta`,
+    `restore`) and owns its checkpoints."""
+
+    def __init__(self, learner: Any, config: ExperimentConfig, run_dir: Path, resume: bool):
+        self.learner = learner
+        self.config = config
+        self._events = Path(run_dir) / "events.jsonl"
+        self.store = CheckpointStore(run_dir, config.checkpoint.keep)
+        self.interrupted = False
+        self._signals_seen = 0
+        self._previous_handlers: dict[int, Any] = {}
+        self._last_saved_update = -1
+        if resume:
+            check_compatible(self.store.read_meta()["config"], config, self.store.directory)
+            state, meta = self.store.restore(learner.state)
+            learner.restore(state, meta["learner"])
+            self._last_saved_update = learner.updates
+            self._event("resume", state_checksum=state_checksum(learner.state))
+
+    def _event(self, kind: str, **fields: Any) -> None:
+        """One line in RUN_DIR/events.jsonl: resumes, checkpoints, interruptions."""
+        record = {"event": kind, "time": time.time(), "update": self.learner.updates, **fields}
+        with open(self._events, "a") as f:
+            f.write(json.dumps(record) + "\n")
+
+    def _on_signal(self, signum: int, frame: Any) -> None:
+        self._signals_seen += 1
+        if self._signals_seen > 1:
+            raise KeyboardInterrupt
+        self.interrupted = True
+
+    def install_signal_handlers(self) -> None:
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            self._previous_handlers[sig] = signal.signal(sig, self._on_signal)
+
+    @property
+    def running(self) -> bool:
+        return not self.learner.done and not self.interrupted
+
+    def after_round(self) -> None:
+        """Checkpoint if the cadence says so (call after each `learner.run_once`)."""
+        every = self.config.checkpoint.every_updates
+        minutes = self.config.checkpoint.every_minutes
+        updates = self.learner.updates
+        if updates == self._last_saved_update:
+            return
+        if (every and updates % every == 0) or (
+            minutes and self.store.seconds_since_save() >= 60 * minutes
+        ):
+            self.save()
+
+    def save(self) -> None:
+        self.store.save(
+            self.learner.updates,
+            self.learner.state,
+            {"learner": self.learner.checkpoint_meta(), "config": config_to_dict(self.config)},
+        )
+        self._last_saved_update = self.learner.updates
+        self._event("checkpoint", state_checksum=state_checksum(self.learner.state))
+
+    def close(self) -> None:
+        """The final checkpoint (unless disabled or already written) and cleanup."""
+        if self.interrupted:
+            self._event("interrupted")
+        if self.config.checkpoint.on_exit and self._last_saved_update != self.learner.updates:
+            self.save()
+        self.store.close()
+        for sig, handler in self._previous_handlers.items():
+            signal.signal(sig, handler)

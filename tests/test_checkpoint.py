@@ -1,0 +1,163 @@
+"""Checkpoints: orbax round trip, keep-K, preemption by SIGTERM and resume under mpiexec."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import time
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from agentenv_jax.checkpoint import CheckpointError, CheckpointStore
+from agentenv_jax.metrics.logger import read_metrics
+
+from conftest import EXPERIMENTS, REPO, agentenv_command, mpiexec_path, run_command
+
+CARTPOLE = str(EXPERIMENTS / "cartpole_ppo.yaml")
+
+
+def test_store_round_trip_keeps_newest_and_ignores_unfinished_saves(tmp_path):
+    store = CheckpointStore(tmp_path, keep=2)
+    state = {"w": jnp.arange(4.0), "step": jnp.int32(0)}
+    for step in (1, 2, 3):
+        store.save(step, {"w": state["w"] * step, "step": jnp.int32(step)}, {"step": step})
+    # A save that crashed half-way leaves only orbax's temporary folder behind.
+    (store.directory / "4.orbax-checkpoint-tmp-123").mkdir()
+    assert store.latest_step() == 3
+    assert sorted(p.name for p in store.directory.iterdir() if p.name.isdigit()) == ["2", "3"]
+    restored, meta = store.restore(state)
+    np.testing.assert_array_equal(restored["w"], np.arange(4.0) * 3)
+    assert meta == {"step": 3}
+    with pytest.raises(CheckpointError, match="does not match"):
+        store.restore({"w": jnp.zeros(5), "step": jnp.int32(0)})
+    store.close()
+
+
+def _events(run_dir):
+    return [json.loads(line) for line in (run_dir / "events.jsonl").read_text().splitlines()]
+
+
+@pytest.mark.slow
+def test_sigterm_then_resume_under_mpiexec(tmp_path):
+    run_dir = tmp_path / "pre"
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PMI_", "OMPI_", "PMIX_"))}
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO / "tests"), env.get("PYTHONPATH", "")])
+    proc = subprocess.Popen(
+        [
+            mpiexec_path(),
+            "-n",
+            "3",
+            *agentenv_command(
+                "train",
+                CARTPOLE,
+                "--set",
+                f"run.run_dir={tmp_path}",
+                "--set",
+                "run.name=pre",
+                "--set",
+                "checkpoint.every_updates=10",
+            ),
+        ],
+        cwd=REPO,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        deadline = time.monotonic() + 180
+        metrics = run_dir / "metrics.jsonl"
+        while not (metrics.exists() and len(metrics.read_text().splitlines()) >= 25):
+            assert proc.poll() is None, proc.communicate()[1][-3000:]
+            assert time.monotonic() < deadline, "the run made no progress"
+            time.sleep(0.2)
+        proc.send_signal(signal.SIGTERM)  # as Slurm does on preemption
+        _, stderr = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == 0, stderr[-3000:]
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["interrupted"] and summary["accounting"]["reconciles"]
+    stopped_at = summary["updates"]
+    assert 25 <= stopped_at < 391
+    events = _events(run_dir)
+    assert events[-2]["event"] == "interrupted"
+    saved = events[-1]
+    assert saved["event"] == "checkpoint" and saved["update"] == stopped_at
+    assert CheckpointStore(run_dir, keep=3).latest_step() == stopped_at
+
+    resumed = run_command(
+        [
+            mpiexec_path(),
+            "-n",
+            "3",
+            *agentenv_command("train", "--resume", str(run_dir), "--set", "run.stop_at_return=475"),
+        ],
+        timeout=300,
+        cwd=REPO,
+    )
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    resume_event = next(e for e in _events(run_dir) if e["event"] == "resume")
+    assert resume_event["update"] == stopped_at
+    # The learner state after the resume is the one that was saved.
+    assert resume_event["state_checksum"] == saved["state_checksum"]
+    records = read_metrics(run_dir / "metrics.jsonl")
+    updates = [r["update"] for r in records]
+    assert updates == list(range(1, len(records) + 1))  # counters continue, file appended
+    steps = [r["env_steps"] for r in records]
+    assert steps == sorted(steps)
+    final = json.loads((run_dir / "summary.json").read_text())
+    assert not final["interrupted"]
+    assert final["episode_return_mean"] >= 475 and final["env_steps"] <= 100_000
+
+
+def test_resume_rejects_an_incompatible_config_on_every_rank(tmp_path):
+    first = run_command(
+        agentenv_command(
+            "train",
+            CARTPOLE,
+            "--set",
+            f"run.run_dir={tmp_path}",
+            "--set",
+            "run.name=small",
+            "--set",
+            "run.total_env_steps=512",
+            "--set",
+            "run.progress=false",
+        ),
+        timeout=120,
+        cwd=REPO,
+    )
+    assert first.returncode == 0, first.stderr[-3000:]
+    started = time.monotonic()
+    proc = run_command(
+        [
+            mpiexec_path(),
+            "-n",
+            "3",
+            *agentenv_command(
+                "train",
+                "--resume",
+                str(tmp_path / "small"),
+                "--set",
+                "network.actor_hidden=[32,32]",
+            ),
+        ],
+        timeout=30,
+        cwd=REPO,
+    )
+    assert proc.returncode != 0 and time.monotonic() - started < 30
+    assert proc.stderr.count("agentenv: error:") == 1, proc.stderr[-3000:]
+    assert "network.actor_hidden = [64, 64]; this config has [32, 32]" in proc.stderr
+
+
+def test_resume_of_a_folder_without_checkpoints_is_a_clear_error(tmp_path):
+    proc = run_command(agentenv_command("train", "--resume", str(tmp_path)), timeout=60, cwd=REPO)
+    assert proc.returncode == 2
+    assert "not a run directory with checkpoints" in proc.stderr
