@@ -351,6 +351,7 @@ def _summarize(
         "wall_s": wall_s,
         "steps_per_s": learner.env_steps / max(wall_s, 1e-9),
         "accounting": accounting,
+        "env_faults": learner.env_faults,
     }
     if hasattr(learner, "obs_stats"):
         summary["obs_normalizer_count"] = learner.obs_stats.count
@@ -386,6 +387,11 @@ def format_summary(summary: dict[str, Any]) -> str:
         f" return     {summary['episode_return_mean']:.2f} (mean of the last episodes)",
         f" time       {summary['wall_s']:.1f} s   {summary['steps_per_s']:,.0f} env steps/s",
     ]
+    if summary.get("env_faults"):
+        lines.append(
+            f" env faults {summary['env_faults']:,} (envs re-created, their partial "
+            "episodes dropped)"
+        )
     if "sent" in acc:
         lines += [
             f" experience produced {acc['produced']:,} = sent {acc['sent']:,} + unsent "
@@ -396,8 +402,8 @@ def format_summary(summary: dict[str, Any]) -> str:
     else:
         lines += [
             f" replay     produced {acc['produced']:,} = inserted {acc['inserted']:,} + pending "
-            f"{acc['pending']:,};  inserted = stored {acc['stored']:,} + overwritten "
-            f"{acc['overwritten']:,}",
+            f"{acc['pending']:,} + dropped {acc['dropped']:,}",
+            f"            inserted = stored {acc['stored']:,} + overwritten {acc['overwritten']:,}",
             f"            sampled {acc['sampled']:,} = trained {acc['trained']:,} + prefetched "
             f"{acc['prefetched']:,}   ({ok})",
         ]

@@ -17,6 +17,7 @@ from agentenv_jax.actor.policy import ActorPolicy
 from agentenv_jax.buffers.segment_queue import ACTOR_TIMERS, SegmentQueue
 from agentenv_jax.envs import normalization as norm
 from agentenv_jax.envs.factory import EnvSpaces, autoreset_mode
+from agentenv_jax.envs.faults import fault_mask
 from agentenv_jax.transport.base import ActorChannel, TransportError
 from agentenv_jax.transport.spec import MessageSpec
 
@@ -100,6 +101,7 @@ class Actor:
         self._sequence = 0
         self._segments_filled = 0
         self.produced = 0
+        self.env_faults = 0
         self.sent_segments = 0
         self.stopped = False
 
@@ -201,6 +203,10 @@ class Actor:
             terminated = np.asarray(terminated, dtype=bool) & valid
             truncated = np.asarray(truncated, dtype=bool) & valid & ~terminated
             ended = terminated | truncated
+            # A faulted step has no real outcome: not a transition, and its episode is dropped.
+            faulted = fault_mask(info, self._num_envs) & valid
+            self.env_faults += int(faulted.sum())
+            valid = valid & ~faulted
 
             if self._normalize_obs and valid.any():
                 segment_obs.append(self._obs[valid].reshape(int(valid.sum()), -1))
@@ -224,8 +230,9 @@ class Actor:
             fields["truncated"][t] = truncated
             fields["valid"][t] = valid
             if ended.any():
-                fields["episode_return"][t, ended] = self._episode_return[ended]
-                fields["episode_length"][t, ended] = self._episode_length[ended]
+                finished = ended & ~faulted
+                fields["episode_return"][t, finished] = self._episode_return[finished]
+                fields["episode_length"][t, finished] = self._episode_length[finished]
                 self._episode_return[ended] = 0.0
                 self._episode_length[ended] = 0
                 self._discounted_return[ended] = 0.0
@@ -237,6 +244,10 @@ class Actor:
                     0.0,
                 )
                 inference_s += time.perf_counter() - tick
+            if faulted.any():
+                # Zero TD error on the faulted row, so the partial episode's last real step
+                # bootstraps as if it had continued.
+                fields["bootstrap_value"][t, faulted] = value[faulted] / max(self._gamma, 1e-8)
             self.produced += int(valid.sum())
             if self._next_step_mode:
                 self._pending_reset = ended
@@ -260,6 +271,7 @@ class Actor:
             fields["return_stats"],
         )
         fields["sequence"][0] = self._sequence
+        fields["env_faults"][0] = self.env_faults
         self._sequence += 1
         self._segments_filled += 1
         return env_s, inference_s

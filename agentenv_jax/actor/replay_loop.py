@@ -13,6 +13,7 @@ from gymnasium.vector import AutoresetMode
 from agentenv_jax.actor.policy import SquashedGaussianPolicy
 from agentenv_jax.buffers.replay import ReplayPartition
 from agentenv_jax.envs.factory import EnvSpaces, autoreset_mode
+from agentenv_jax.envs.faults import fault_mask
 from agentenv_jax.transport.messages import MAX_EPISODES_PER_ANSWER, REPLAY_COUNTERS
 from agentenv_jax.transport.spec import MessageSpec
 
@@ -68,6 +69,7 @@ class ReplayActor:
         self._request: np.ndarray | None = None
         self._seconds = np.zeros(3)  # env stepping, inference, serving
         self.produced = 0
+        self.env_faults = 0
         self.stopped = False
 
     def _poll(self) -> None:
@@ -80,7 +82,9 @@ class ReplayActor:
             self.stopped = True
 
     def _can_step(self) -> bool:
-        return self.produced < self._allowance and (
+        # The allowance counts inserted transitions, as the learner's rate check does: steps
+        # held for n-step returns or dropped after a fault must not use it up.
+        return self._partition.counters.inserted < self._allowance and (
             self._policy.has_params or self.produced < self._random_steps
         )
 
@@ -137,6 +141,7 @@ class ReplayActor:
             "episodes_finished": self._episodes_finished,
             "priority_updates": counters.priority_updates,
             "stale_priority_updates": counters.stale_priority_updates,
+            "env_faults": self.env_faults,
         }
         answer["counters"][:] = [values[name] for name in REPLAY_COUNTERS]
         answer["actor_seconds"][:] = self._seconds
@@ -163,6 +168,11 @@ class ReplayActor:
         terminated = np.asarray(terminated, bool) & valid
         truncated = np.asarray(truncated, bool) & valid & ~terminated
         ended = terminated | truncated
+        faulted = fault_mask(info, self._num_envs) & valid
+        for env in np.flatnonzero(faulted):  # no real outcome: drop the partial episode
+            self._partition.drop_pending(env)
+        self.env_faults += int(faulted.sum())
+        valid = valid & ~faulted
         final_obs = next_obs
         if not self._next_step_mode and ended.any():
             final_obs = next_obs.copy()
@@ -180,7 +190,7 @@ class ReplayActor:
         self.produced += int(valid.sum())
         self._episode_return += np.where(valid, reward, 0.0)
         self._episode_length += valid
-        for i in np.flatnonzero(ended):
+        for i in np.flatnonzero(ended & ~faulted):
             self._finished.append((float(self._episode_return[i]), int(self._episode_length[i])))
             self._episodes_finished += 1
         self._episode_return[ended] = 0.0
@@ -198,6 +208,7 @@ class ReplayActor:
             "overwritten": counters.overwritten,
             "stored": self._partition.size,
             "pending": self._partition.pending,
+            "dropped": counters.dropped,
             "sampled": counters.sampled,
             "priority_updates": counters.priority_updates,
             "stale_priority_updates": counters.stale_priority_updates,

@@ -27,6 +27,7 @@ class ReplayCounters:
     sampled: int = 0  # rows handed out by `sample`
     priority_updates: int = 0  # new priorities applied
     stale_priority_updates: int = 0  # ignored: the slot was overwritten after it was sampled
+    dropped: int = 0  # steps of n-step windows discarded because their episode faulted
 
 
 class ReplayPartition:
@@ -138,6 +139,11 @@ class ReplayPartition:
         if out:
             o, a, r, n, d = (np.asarray(x) for x in zip(*out, strict=True))
             self.insert(o, a, r.astype(np.float32), n, d.astype(np.float32))
+
+    def drop_pending(self, env: int) -> None:
+        """Forget env `env`'s unfinished n-step window (its episode was cut by a fault)."""
+        self.counters.dropped += len(self._pending[env])
+        self._pending[env].clear()
 
     def sample(self, count: int, rng: np.random.Generator) -> dict[str, np.ndarray]:
         """`count` items drawn i.i.d. (uniform, or proportional to priority^alpha), with their

@@ -53,6 +53,7 @@ def on_policy_segment_spec(
             FieldSpec("return_stats", (3,), np.float64),  # count, mean, m2
             FieldSpec("actor_seconds", (len(ACTOR_TIMERS),), np.float64),
             FieldSpec("sequence", (1,), np.int64),
+            FieldSpec("env_faults", (1,), np.int64),  # cumulative on this env rank
         ]
     )
 

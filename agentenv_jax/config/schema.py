@@ -18,6 +18,7 @@ from agentenv_jax.config.errors import ConfigError
 VectorizationMode = Literal["sync", "async", "native"]
 Activation = Literal["tanh", "relu", "gelu"]
 Schedule = Literal["constant", "linear"]
+FaultPolicy = Literal["recreate", "fail"]
 
 
 def _require(condition: bool, field_path: str, value: Any, allowed: str) -> None:
@@ -38,6 +39,9 @@ class EnvConfig:
     normalize_reward: bool = False  # scale rewards by the std of the discounted return
     clip_obs: float = 10.0  # clip normalized observations to [-clip_obs, clip_obs]
     clip_reward: float = 10.0  # clip scaled rewards to [-clip_reward, clip_reward]
+    on_fault: FaultPolicy = (
+        "recreate"  # env raising in step/reset: recreate it (and count), or fail
+    )
 
     def validate(self, prefix: str) -> None:
         _require(bool(self.id.strip()), f"{prefix}.id", self.id, "a Gymnasium id or module:factory")

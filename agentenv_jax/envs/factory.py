@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import functools
 import importlib
 from collections.abc import Callable
 from typing import Any
@@ -19,6 +20,7 @@ import numpy as np
 from gymnasium.vector import AutoresetMode
 
 from agentenv_jax.config.schema import EnvConfig
+from agentenv_jax.envs.faults import RecreateOnFault
 from agentenv_jax.networks.distributions import ActionKind
 
 
@@ -152,6 +154,8 @@ def make_vector_env(config: EnvConfig, local_num_envs: int) -> gym.vector.Vector
                 f"{type(err).__name__}: {err}"
             ) from err
     make_env = resolve_env_factory(config)
+    if config.on_fault == "recreate":
+        make_env = functools.partial(RecreateOnFault, make_env)
     vector_cls = (
         gym.vector.SyncVectorEnv if config.vectorization == "sync" else (gym.vector.AsyncVectorEnv)
     )

@@ -200,6 +200,7 @@ class Learner:
         self._returns: collections.deque[float] = collections.deque(maxlen=config.run.return_window)
         self._lengths: collections.deque[int] = collections.deque(maxlen=config.run.return_window)
         self.episodes = 0
+        self._env_faults: list[int] = []
         self.received = 0
         self.trained = 0
         self.updates = 0
@@ -207,6 +208,11 @@ class Learner:
         self.accounting: Accounting | None = None
         self._start_time = time.perf_counter()
         self.last_record: dict[str, Any] = {}
+
+    @property
+    def env_faults(self) -> int:
+        """Env faults survived so far (envs re-created), over all env ranks."""
+        return sum(self._env_faults)
 
     @property
     def env_steps(self) -> int:
@@ -280,6 +286,7 @@ class Learner:
             rollout[name] = np.concatenate([s[name] for s in segments])
         versions = np.concatenate([s["policy_version"] for s in segments], axis=1)
         actor_seconds = np.mean([s["actor_seconds"] for s in segments], axis=0)
+        self._env_faults = [int(s["env_faults"][0]) for s in segments]
         for s in segments:
             self._obs_stats = _merge_flat_stats(self._obs_stats, s["obs_stats"])
             self._return_stats = _merge_flat_stats(self._return_stats, s["return_stats"])
@@ -312,6 +319,7 @@ class Learner:
             "policy_lag_mean": float(lag.mean()) if lag.size else 0.0,
             "policy_lag_max": int(lag.max()) if lag.size else 0,
             "policy_lag_hist": np.bincount(lag).tolist() if lag.size else [],
+            "env_faults": self.env_faults,
             **metrics,
             "time/learner_wait_s": wait_s,
             "time/learner_update_s": update_s,

@@ -175,6 +175,10 @@ class ReplayLearner:
         return self._env_steps_before + self._counter("produced")
 
     @property
+    def env_faults(self) -> int:
+        return self._counter("env_faults")
+
+    @property
     def episode_return_mean(self) -> float:
         return float(np.mean(self._returns)) if self._returns else float("nan")
 

@@ -52,6 +52,7 @@ class ReplayAccounting:
     produced: int  # env steps taken by env ranks (valid rows)
     inserted: int  # transitions written into partitions
     pending: int  # steps still waiting for their n-step return at shutdown
+    dropped: int  # steps of n-step windows discarded because their episode faulted
     stored: int  # transitions held at shutdown
     overwritten: int  # transitions evicted by the rings
     sampled: int  # rows partitions handed out
@@ -65,7 +66,15 @@ class ReplayAccounting:
     ) -> ReplayAccounting:
         total = {
             key: sum(int(r[key]) for r in reports)
-            for key in ("produced", "inserted", "pending", "stored", "overwritten", "sampled")
+            for key in (
+                "produced",
+                "inserted",
+                "pending",
+                "dropped",
+                "stored",
+                "overwritten",
+                "sampled",
+            )
         }
         return cls(
             **total, received=received, trained=trained, prefetched=total["sampled"] - received
@@ -74,7 +83,7 @@ class ReplayAccounting:
     @property
     def reconciles(self) -> bool:
         return (
-            self.produced == self.inserted + self.pending
+            self.produced == self.inserted + self.pending + self.dropped
             and self.inserted == self.stored + self.overwritten
             and self.received == self.trained
             and self.sampled == self.received + self.prefetched

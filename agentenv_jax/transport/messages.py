@@ -44,6 +44,7 @@ REPLAY_COUNTERS = (
     "episodes_finished",
     "priority_updates",
     "stale_priority_updates",
+    "env_faults",
 )
 
 
