@@ -43,12 +43,15 @@ def update(tree: np.ndarray, indices: np.ndarray, priorities: np.ndarray) -> Non
     size = tree.shape[0] // 2
     nodes = size + indices
     tree[nodes] = priorities
-    nodes = np.unique(nodes // 2)
-    while nodes[0] >= 1:
+    # Parents level by level; sorted unique once, then halving keeps them sorted, so only
+    # adjacent duplicates need dropping.
+    nodes = np.unique(nodes) // 2
+    while nodes.size and nodes[0] >= 1:
+        nodes = nodes[np.concatenate(([True], nodes[1:] != nodes[:-1]))]
         tree[nodes] = tree[2 * nodes] + tree[2 * nodes + 1]
         if nodes[0] == 1:
             break
-        nodes = np.unique(nodes // 2)
+        nodes = nodes // 2
 
 
 def find(tree: np.ndarray, targets: np.ndarray) -> np.ndarray:

@@ -61,7 +61,13 @@ class MPIWorld:
         self.rank = self.comm.Get_rank()
 
     def allgather(self, value: Any) -> list[Any]:
-        """Every rank's `value` (a start-up or error-agreement collective; pickled)."""
+        """Every rank's `value` (a start-up or error-agreement collective; pickled).
+
+        Ranks reach it at very different times (the learner compiles for seconds); a
+        non-blocking barrier polled with back-off keeps the early ones from spinning a core.
+        """
+        barrier = self.comm.Ibarrier()
+        _wait_until(barrier.Test, 3600.0, lambda: "every rank to finish starting up")
         return self.comm.allgather(value)
 
     def abort(self, exit_code: int) -> None:

@@ -45,6 +45,10 @@ class MessageSpec:
             offset += -(-f.nbytes // _ALIGN) * _ALIGN
         self._offsets = tuple(offsets)
         self.nbytes = max(offset, _ALIGN)
+        # Views are made on every message in the hot path: keep only what building one needs.
+        self._layout = tuple(
+            (f.name, f.shape, f.dtype, off) for f, off in zip(self.fields, offsets, strict=True)
+        )
 
     def __getitem__(self, name: str) -> FieldSpec:
         for f in self.fields:
@@ -70,8 +74,8 @@ class MessageSpec:
                 f"buffer of {buffer.nbytes} bytes ({buffer.dtype}) does not match {self!r}"
             )
         return {
-            f.name: buffer[off : off + f.nbytes].view(f.dtype).reshape(f.shape)
-            for f, off in zip(self.fields, self._offsets, strict=True)
+            name: np.ndarray(shape, dtype, buffer=buffer, offset=off)
+            for name, shape, dtype, off in self._layout
         }
 
     def pack(self, values: Mapping[str, np.ndarray]) -> np.ndarray:
