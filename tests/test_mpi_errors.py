@@ -99,7 +99,8 @@ def test_missing_config_file_is_one_clear_error(tmp_path):
 
 
 def test_env_crash_mid_run_stops_the_whole_job(tmp_path):
-    """An unexpected error on one env rank aborts every rank, with that rank's traceback."""
+    """With `env.on_fault: fail`, an env error on one env rank aborts every rank, with that
+    rank's traceback."""
     marker = f"run.name=crash-{uuid.uuid4().hex[:12]}"
     proc = run_command(
         [
