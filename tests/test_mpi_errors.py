@@ -113,6 +113,8 @@ def test_env_crash_mid_run_stops_the_whole_job(tmp_path):
                 "--set",
                 "env.id=envs_for_tests:crashing_cartpole",
                 "--set",
+                "env.on_fault=fail",
+                "--set",
                 f"run.run_dir={tmp_path}",
                 "--set",
                 marker,
