@@ -56,6 +56,15 @@ def resume_config(run_dir: str, config_path: str | None, overrides: list[str]):
     return load_config(path, [*overrides, *location])
 
 
+def _rank_prefix() -> str:
+    import os
+
+    for name in ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK"):
+        if name in os.environ:
+            return f"rank {os.environ[name]}: "
+    return ""
+
+
 def _is_lead_rank() -> bool:
     import os
 
@@ -76,7 +85,8 @@ def main(argv: list[str] | None = None) -> int:
     from agentenv_jax.checkpoint.store import CheckpointError
     from agentenv_jax.config.loading import config_to_dict, load_config
     from agentenv_jax.envs.factory import EnvError
-    from agentenv_jax.launch import StartupError, abort_on_unexpected_error, train
+    from agentenv_jax.launch import StartupError, abort_job, abort_on_unexpected_error, train
+    from agentenv_jax.learner.guards import NonFiniteError
     from agentenv_jax.parallel.mesh import MeshError
     from agentenv_jax.transport.base import TransportError
 
@@ -99,7 +109,13 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     except KeyboardInterrupt:
         return 130
-    except (TransportError, Exception) as err:
+    except (TransportError, NonFiniteError) as err:
+        # A peer that stopped answering, or a diverged update: one clear line, then stop every
+        # rank (the others may be waiting on this one).
+        print(f"agentenv: error: {_rank_prefix()}{err}", file=sys.stderr, flush=True)
+        abort_job(3)
+        return 3
+    except Exception as err:
         abort_on_unexpected_error(err)
         raise
     return 0

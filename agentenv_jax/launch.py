@@ -11,6 +11,7 @@ import dataclasses
 import json
 import os
 import signal
+import socket
 import sys
 import time
 import traceback
@@ -493,13 +494,14 @@ def run_mpi(config: ExperimentConfig, resume: bool = False) -> TrainResult:
                 check_resumable(config, Path(config.run.run_dir) / str(config.run.name))
     except Exception as err:
         error = _describe(err)
-    outcomes = world.allgather((error, spaces))
-    if any(e is not None for e, _ in outcomes) and vector_env is not None:
+    outcomes = world.allgather((error, spaces, os.getpid(), socket.gethostname()))
+    if any(o[0] is not None for o in outcomes) and vector_env is not None:
         vector_env.close()
-    failures = [(rank, e) for rank, (e, _) in enumerate(outcomes) if e is not None]
+    failures = [(rank, o[0]) for rank, o in enumerate(outcomes) if o[0] is not None]
     if failures:
         raise StartupError(f"rank {failures[0][0]}: {failures[0][1]}")
     spaces = outcomes[topology.num_learner_ranks][1]
+    processes = {rank: {"pid": o[2], "host": o[3]} for rank, o in enumerate(outcomes)}
     plan = _plan(config, topology, spaces)
 
     # Second agreement: building the roles can fail too (a checkpoint that does not fit).
@@ -512,6 +514,7 @@ def run_mpi(config: ExperimentConfig, resume: bool = False) -> TrainResult:
             run_dir, writer, progress = _learner_outputs(config)
             learner = plan.make_learner(channel, num_devices, writer, progress)
             session = LearnerSession(learner, config, run_dir, resume)
+            session.record_start(processes)
         else:
             actor = plan.make_actor(vector_env, plan.make_mpi_actor_channel(world))
     except Exception as err:
@@ -555,6 +558,17 @@ def train(config: ExperimentConfig, resume: bool = False) -> TrainResult:
     if launched_by_mpi():
         return run_mpi(config, resume)
     return run_single_process(config, resume)
+
+
+def abort_job(exit_code: int) -> None:
+    """Under MPI with several ranks, stop every rank now; otherwise do nothing."""
+    if not launched_by_mpi():
+        return
+    from agentenv_jax.transport.mpi import MPIWorld
+
+    world = MPIWorld()
+    if world.size > 1:
+        world.abort(exit_code)
 
 
 def abort_on_unexpected_error(exc: BaseException) -> None:

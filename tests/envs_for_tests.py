@@ -79,3 +79,20 @@ class CounterEnv(gym.Env):
 
 def counter_env() -> gym.Env:
     return CounterEnv()
+
+
+class NaNRewardCartPole(gym.Wrapper):
+    """CartPole whose rewards turn NaN after a number of steps (a diverging simulator)."""
+
+    def __init__(self, nan_after: int):
+        super().__init__(gym.make("CartPole-v1"))
+        self._steps_left = nan_after
+
+    def step(self, action):
+        obs, reward, terminated, truncated, info = self.env.step(action)
+        self._steps_left -= 1
+        return obs, (np.nan if self._steps_left < 0 else reward), terminated, truncated, info
+
+
+def nan_reward_cartpole(nan_after: int = 2000) -> gym.Env:
+    return NaNRewardCartPole(nan_after)

@@ -59,6 +59,17 @@ class CheckpointStore:
         restored = self._manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))
         return dict(restored["meta"])
 
+    def restore_raw(self, step: int | None = None) -> tuple[Any, dict[str, Any]]:
+        """The newest (or given) checkpoint as saved, for inspection (host arrays)."""
+        step = self.latest_step() if step is None else step
+        if step is None:
+            raise CheckpointError(f"no checkpoint in {self.directory}")
+        restored = self._manager.restore(
+            step,
+            args=ocp.args.Composite(state=ocp.args.StandardRestore(), meta=ocp.args.JsonRestore()),
+        )
+        return restored["state"], dict(restored["meta"])
+
     def restore(self, like_state: Any, step: int | None = None) -> tuple[Any, dict[str, Any]]:
         """The newest (or given) checkpoint: a state shaped and sharded like `like_state`, and
         its metadata."""

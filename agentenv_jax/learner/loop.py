@@ -29,6 +29,7 @@ from agentenv_jax.buffers.segment_queue import ACTOR_TIMERS
 from agentenv_jax.config.schema import ExperimentConfig, IMPALAConfig, PPOConfig
 from agentenv_jax.envs import normalization as norm
 from agentenv_jax.envs.factory import EnvSpaces
+from agentenv_jax.learner.guards import check_finite
 from agentenv_jax.metrics.accounting import Accounting, reconcile
 from agentenv_jax.metrics.logger import MetricsWriter, ProgressLine
 from agentenv_jax.networks import (
@@ -269,6 +270,7 @@ class Learner:
         fields = self._param_spec.views(self._param_message)
         fields["version"][0] = self.version
         fields["params"][:] = np.asarray(self._ravel(self.state.params))
+        check_finite(self.updates, {}, fields["params"])
         fields["obs_stats"][:] = _flat_stats(self._obs_stats)
         fields["return_stats"][:] = _flat_stats(self._return_stats)
         self._channel.broadcast_params(self._param_message)
@@ -306,6 +308,7 @@ class Learner:
         update_s = time.perf_counter() - tick
         self.trained += num_valid
         self.updates += 1
+        check_finite(self.updates, metrics)
 
         elapsed = time.perf_counter() - self._start_time
         record = {

@@ -29,6 +29,7 @@ from agentenv_jax.algorithms.sac import SACHyperparams, init_sac_state, make_sac
 from agentenv_jax.buffers.replay import importance_weights, split_batch
 from agentenv_jax.config.schema import ExperimentConfig, SACConfig
 from agentenv_jax.envs.factory import EnvSpaces
+from agentenv_jax.learner.guards import check_finite
 from agentenv_jax.metrics.accounting import ReplayAccounting
 from agentenv_jax.metrics.logger import MetricsWriter, ProgressLine
 from agentenv_jax.networks.flat_params import FlatLayout
@@ -216,6 +217,7 @@ class ReplayLearner:
         fields = self._param_spec.views(self._param_message)
         fields["version"][0] = self.updates
         fields["params"][:] = np.asarray(self._ravel_actor(self.state.actor_params))
+        check_finite(self.updates, {}, fields["params"])
         self._channel.broadcast_params(self._param_message)
 
     def _send_requests(self, counts: np.ndarray) -> None:
@@ -292,6 +294,12 @@ class ReplayLearner:
         self._update_s += time.perf_counter() - tick
         self.trained += len(td_errors)
         self.updates += 1
+        if not np.all(np.isfinite(td_errors)):
+            # Metrics are fetched only every log_interval; fetch them now to name the term.
+            check_finite(
+                self.updates,
+                {k: float(v) for k, v in jax.device_get(metrics).items()} | {"td_error": np.nan},
+            )
         if algo.prioritized:
             offset = 0
             for i, count in enumerate(counts):

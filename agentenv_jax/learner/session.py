@@ -99,6 +99,10 @@ class LearnerSession:
         with open(self._events, "a") as f:
             f.write(json.dumps(record) + "\n")
 
+    def record_start(self, processes: dict[int, dict[str, Any]]) -> None:
+        """Which process plays which rank, for whoever has to find a stuck or dead one."""
+        self._event("start", processes={str(rank): info for rank, info in processes.items()})
+
     def _on_signal(self, signum: int, frame: Any) -> None:
         self._signals_seen += 1
         if self._signals_seen > 1:

@@ -1,0 +1,118 @@
+"""A rank that dies, and an update that diverges: the job stops, says why, and the last
+checkpoint stays good."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import time
+
+import jax
+import numpy as np
+import pytest
+
+from agentenv_jax.checkpoint import CheckpointStore
+
+from conftest import EXPERIMENTS, REPO, agentenv_command, mpiexec_path, run_command
+
+CARTPOLE = str(EXPERIMENTS / "cartpole_ppo.yaml")
+
+
+def _finite_checkpoint(run_dir) -> int:
+    """The newest checkpoint's step, after checking that it restores with finite values."""
+    store = CheckpointStore(run_dir, keep=3)
+    state, meta = store.restore_raw()
+    store.close()
+    floats = [np.asarray(x) for x in jax.tree.leaves(state)]
+    assert floats and all(np.all(np.isfinite(x)) for x in floats if x.dtype.kind == "f")
+    return meta["learner"]["updates"]
+
+
+def test_non_finite_update_stops_the_job_and_keeps_the_last_good_checkpoint(tmp_path):
+    started = time.monotonic()
+    proc = run_command(
+        [
+            mpiexec_path(),
+            "-n",
+            "3",
+            *agentenv_command(
+                "train",
+                CARTPOLE,
+                "--set",
+                "env.id=envs_for_tests:nan_reward_cartpole",
+                "--set",
+                "env.kwargs={nan_after: 600}",
+                "--set",
+                f"run.run_dir={tmp_path}",
+                "--set",
+                "run.name=nan",
+                "--set",
+                "checkpoint.every_updates=2",
+            ),
+        ],
+        timeout=120,
+        cwd=REPO,
+    )
+    assert proc.returncode != 0
+    assert time.monotonic() - started < 120
+    assert "agentenv: error: rank 0: update" in proc.stderr
+    assert "loss/" in proc.stderr and "is not finite" in proc.stderr
+    step = _finite_checkpoint(tmp_path / "nan")
+    assert step >= 2
+
+
+@pytest.mark.slow
+def test_killed_env_rank_ends_the_job_and_the_checkpoint_restores(tmp_path):
+    """MPICH's launcher ends the whole job as soon as a rank dies, naming its PID; the run's
+    events.jsonl maps PIDs to ranks. The last checkpoint restores."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PMI_", "OMPI_", "PMIX_"))}
+    proc = subprocess.Popen(
+        [
+            mpiexec_path(),
+            "-n",
+            "3",
+            *agentenv_command(
+                "train",
+                CARTPOLE,
+                "--set",
+                f"run.run_dir={tmp_path}",
+                "--set",
+                "run.name=kill",
+                "--set",
+                "checkpoint.every_updates=5",
+                "--set",
+                "run.transport_timeout_s=5",
+            ),
+        ],
+        cwd=REPO,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        run_dir = tmp_path / "kill"
+        deadline = time.monotonic() + 120
+        while not (
+            (run_dir / "metrics.jsonl").exists()
+            and len((run_dir / "metrics.jsonl").read_text().splitlines()) >= 12
+        ):
+            assert proc.poll() is None and time.monotonic() < deadline
+            time.sleep(0.2)
+        events = [json.loads(x) for x in (run_dir / "events.jsonl").read_text().splitlines()]
+        processes = next(e for e in events if e["event"] == "start")["processes"]
+        os.kill(processes["2"]["pid"], signal.SIGKILL)
+        killed_at = time.monotonic()
+        stdout, stderr = proc.communicate(timeout=60)
+        ended_after = time.monotonic() - killed_at
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode != 0
+    assert ended_after < 30
+    assert "Killed" in stdout + stderr  # the launcher's word on the dead rank
+    assert {info["pid"] for info in processes.values()} and len(processes) == 3
+    assert _finite_checkpoint(tmp_path / "kill") >= 5
