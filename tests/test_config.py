@@ -112,7 +112,7 @@ def test_topology_splits_envs_and_rejects_impossible_worlds():
 
 def test_config_reference_documents_every_field():
     reference = config_reference()
-    for section in ("env", "network", "algorithm", "topology", "run"):
+    for section in ("env", "network", "algorithm", "topology", "run", "checkpoint"):
         for field in getattr(ExperimentConfig(), section).__dataclass_fields__:
             line = next(x for x in reference.splitlines() if f"`{section}.{field}`" in x)
             assert line.rstrip("| ").split("|")[-1].strip(), f"{section}.{field} undocumented"
