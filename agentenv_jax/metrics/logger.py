@@ -20,18 +20,32 @@ def _jsonable(value: Any) -> Any:
     return value
 
 
+def is_timing(key: str) -> bool:
+    """Wall-clock quantities: they differ between otherwise identical runs."""
+    return key.startswith("time/") or key in ("wall_s", "steps_per_s")
+
+
 class MetricsWriter:
-    """Appends one JSON object per line and flushes it, so a killed run keeps every record."""
+    """Per-update records, one JSON object per line, flushed at once so a killed run keeps every
+    record. What the run learned goes to `metrics.jsonl` — identical for identical synchronous
+    runs — and how long it took to `timings.jsonl` (with the update number to join on)."""
 
     def __init__(self, path: Path):
-        self.path = path
-        self._file = open(path, "a", buffering=1)  # noqa: SIM115 - closed in close()
+        self.path = Path(path)
+        self.timings_path = self.path.with_name("timings.jsonl")
+        self._file = open(self.path, "a", buffering=1)  # noqa: SIM115 - closed in close()
+        self._timings = open(self.timings_path, "a", buffering=1)  # noqa: SIM115
 
     def write(self, record: dict[str, Any]) -> None:
-        self._file.write(json.dumps({k: _jsonable(v) for k, v in record.items()}) + "\n")
+        metrics = {k: _jsonable(v) for k, v in record.items() if not is_timing(k)}
+        timings = {"update": record.get("update")} | {
+            k: _jsonable(v) for k, v in record.items() if is_timing(k)}
+        self._file.write(json.dumps(metrics) + "\n")
+        self._timings.write(json.dumps(timings) + "\n")
 
     def close(self) -> None:
         self._file.close()
+        self._timings.close()
 
 
 def read_metrics(path: str | Path) -> list[dict[str, Any]]:
