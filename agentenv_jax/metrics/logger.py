@@ -39,7 +39,8 @@ class MetricsWriter:
     def write(self, record: dict[str, Any]) -> None:
         metrics = {k: _jsonable(v) for k, v in record.items() if not is_timing(k)}
         timings = {"update": record.get("update")} | {
-            k: _jsonable(v) for k, v in record.items() if is_timing(k)}
+            k: _jsonable(v) for k, v in record.items() if is_timing(k)
+        }
         self._file.write(json.dumps(metrics) + "\n")
         self._timings.write(json.dumps(timings) + "\n")
 
