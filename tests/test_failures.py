@@ -82,8 +82,6 @@ def test_killed_env_rank_ends_the_job_and_the_checkpoint_restores(tmp_path):
                 "run.name=kill",
                 "--set",
                 "checkpoint.every_updates=5",
-                "--set",
-                "run.transport_timeout_s=5",
             ),
         ],
         cwd=REPO,
