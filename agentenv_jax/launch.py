@@ -72,13 +72,32 @@ def _single_threaded_xla() -> None:
 
 
 def _run_dir(config: ExperimentConfig) -> Path:
-    name = config.run.name or (
-        f"{config.env.id.replace(':', '_').replace('/', '_')}-{config.algorithm.name}-"
-        f"{time.strftime('%Y%m%d-%H%M%S')}"
-    )
-    path = Path(config.run.run_dir) / name
+    if config.run.name is not None:
+        path = Path(config.run.run_dir) / config.run.name
+    else:
+        stem = (
+            f"{config.env.id.replace(':', '_').replace('/', '_')}-{config.algorithm.name}-"
+            f"{time.strftime('%Y%m%d-%H%M%S')}"
+        )
+        path = Path(config.run.run_dir) / stem
+        suffix = 1
+        while path.exists():  # two unnamed runs started within the same second
+            suffix += 1
+            path = Path(config.run.run_dir) / f"{stem}-{suffix}"
     path.mkdir(parents=True, exist_ok=True)
     return path
+
+
+def _check_run_dir(config: ExperimentConfig, resume: bool) -> None:
+    """A new run must not write into an earlier run's folder (its metrics and checkpoints)."""
+    if resume or config.run.name is None:
+        return  # resuming is the point; unnamed runs get a fresh timestamped folder
+    path = Path(config.run.run_dir) / config.run.name
+    if (path / "metrics.jsonl").exists() or (path / "checkpoints").exists():
+        raise ConfigError(
+            f"run.name = {config.run.name!r}: {path} already holds a run; continue it with "
+            f"`agentenv train --resume {path}`, or choose another run.name"
+        )
 
 
 def _prepare_env_rank(config: ExperimentConfig, topology: Topology):
@@ -432,6 +451,7 @@ def run_single_process(config: ExperimentConfig, resume: bool = False) -> TrainR
     from agentenv_jax.learner.session import LearnerSession
 
     topology = make_topology(config, world_size=1, rank=0)
+    _check_run_dir(config, resume)
     vector_env, spaces = _prepare_env_rank(config, topology)
     try:
         num_devices = _learner_devices(config)
@@ -490,6 +510,7 @@ def run_mpi(config: ExperimentConfig, resume: bool = False) -> TrainResult:
             vector_env, spaces = _prepare_env_rank(config, topology)
         else:
             num_devices = _learner_devices(config)
+            _check_run_dir(config, resume)
             if resume:
                 check_resumable(config, Path(config.run.run_dir) / str(config.run.name))
     except Exception as err:

@@ -161,3 +161,24 @@ def test_resume_of_a_folder_without_checkpoints_is_a_clear_error(tmp_path):
     proc = run_command(agentenv_command("train", "--resume", str(tmp_path)), timeout=60, cwd=REPO)
     assert proc.returncode == 2
     assert "not a run directory with checkpoints" in proc.stderr
+
+
+def test_a_new_run_refuses_an_existing_run_folder(tmp_path):
+    args = [
+        "train",
+        CARTPOLE,
+        "--set",
+        f"run.run_dir={tmp_path}",
+        "--set",
+        "run.name=taken",
+        "--set",
+        "run.total_env_steps=256",
+        "--set",
+        "run.progress=false",
+    ]
+    assert run_command(agentenv_command(*args), timeout=120, cwd=REPO).returncode == 0
+    before = (tmp_path / "taken" / "metrics.jsonl").read_text()
+    again = run_command(agentenv_command(*args), timeout=120, cwd=REPO)
+    assert again.returncode == 2
+    assert "already holds a run" in again.stderr and "--resume" in again.stderr
+    assert (tmp_path / "taken" / "metrics.jsonl").read_text() == before  # nothing appended

@@ -100,6 +100,7 @@ class Actor:
         self._version = -1
         self._sequence = 0
         self._segments_filled = 0
+        self._unreported_transport_s = 0.0
         self.produced = 0
         self.env_faults = 0
         self.sent_segments = 0
@@ -159,16 +160,18 @@ class Actor:
             self._channel.idle()
         if self.stopped:
             return False
-        transport_s = time.perf_counter() - started
+        # Time spent sending the previous segment counts toward this one: a segment's bytes
+        # are final once it is queued (its send may be in flight from then on).
+        transport_s = time.perf_counter() - started + self._unreported_transport_s
         buffer = self._queue.acquire()
         fields = self._segment_spec.views(buffer)
         env_s, inference_s = self._fill_segment(fields)
+        timers = {"env_step_s": env_s, "inference_s": inference_s, "transport_wait_s": transport_s}
+        fields["actor_seconds"][:] = [timers[name] for name in ACTOR_TIMERS]
         started = time.perf_counter()
         self._queue.push(buffer)
         self._channel.pump(self._queue)
-        transport_s += time.perf_counter() - started
-        timers = {"env_step_s": env_s, "inference_s": inference_s, "transport_wait_s": transport_s}
-        fields["actor_seconds"][:] = [timers[name] for name in ACTOR_TIMERS]
+        self._unreported_transport_s = time.perf_counter() - started
         return True
 
     def _fill_segment(self, fields: dict[str, np.ndarray]) -> tuple[float, float]:
