@@ -16,7 +16,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from agentenv_jax.algorithms.ppo import Batch, Params, TrainState, masked_mean
+from agentenv_jax.algorithms.ppo import Batch, Params, TrainState, masked_mean, standardize
 from agentenv_jax.algorithms.returns import compute_vtrace, next_state_values
 from agentenv_jax.networks.distributions import ActionDistribution
 
@@ -31,6 +31,7 @@ class IMPALAHyperparams:
     clip_pg_rho: float
     vf_coef: float
     ent_coef: float
+    normalize_advantages: bool = False
 
 
 def make_impala_loss(
@@ -65,6 +66,8 @@ def make_impala_loss(
                 hp.clip_pg_rho,
             )
         )
+        if hp.normalize_advantages:
+            pg_advantages = standardize(pg_advantages, valid)
         policy_loss = -masked_mean(pg_advantages * log_prob, valid)
         value_loss = 0.5 * masked_mean((vs - values) ** 2, valid)
         entropy = masked_mean(distribution.entropy(head), valid)

@@ -143,6 +143,7 @@ class IMPALAConfig:
     learning_rate: float = 1e-3  # Adam learning rate (initial value when annealed)
     lr_schedule: Schedule = "linear"  # constant, or linear decay to 0 over training
     adam_eps: float = 1e-5  # Adam epsilon
+    normalize_advantages: bool = True  # standardize the V-trace policy-gradient advantages
 
     def validate(self, prefix: str) -> None:
         checks = [

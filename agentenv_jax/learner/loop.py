@@ -103,6 +103,7 @@ def make_on_policy_update(
             clip_pg_rho=algo.clip_pg_rho,
             vf_coef=algo.vf_coef,
             ent_coef=algo.ent_coef,
+            normalize_advantages=algo.normalize_advantages,
         )
         return make_impala_update(apply_fn, distribution, optimizer, hp), optimizer
     hp = PPOHyperparams(
