@@ -8,13 +8,16 @@ Both sides step the same kind of Gymnasium vector env with the same jit-compiled
   (`receive_round`/`release_round`) and re-broadcasts the same parameters as version + 1 (no
   gradient update), so only the env rank's own cost is measured.
 
-The two sides run interleaved in the same process (ABAB..., the order alternating each round) and
-the script reports the median of the per-round ratios framework / plain. Goal: >= 0.9.
+Both sides count every `vector_env.step` call times the number of envs. They run in the same
+process, interleaved in chunks of ~`--chunk-seconds` (ABBA order) so that the shared machine's
+noise hits both alike; each round gives one ratio framework / plain steps/s, and the script
+reports the median over rounds. Goal: >= 0.9.
 
 The in-process variant uses `InProcessTransport`; the MPI variant re-launches this script under
 `mpiexec -n 2` (rank 0: the minimal learner over `MPILearnerChannel`; rank 1: the env rank over
-`MPIActorChannel`, with its XLA threads limited as `launch.run_mpi` does), so it also includes
-the synchronous round trip to a learner in another process.
+`MPIActorChannel`, single-threaded XLA as `launch.run_mpi` sets it), so it also includes the
+synchronous round trip to a learner in another process. (The parameters for a chunk's first
+segment arrive while the plain side runs, so one round trip in `chunk_segments` is not timed.)
 
     python benchmarks/actor_efficiency.py                 # CartPole, 8 and 64 envs, sync+native
     python benchmarks/actor_efficiency.py --rounds 9 --seconds 2 --envs 8 64 256
@@ -26,13 +29,14 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import math
 import os
 import shutil
 import statistics
 import subprocess
 import sys
 import time
+import traceback
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -71,7 +75,7 @@ class CaseResult:
     num_envs: int
     plain: list[Phase]
     framework: list[Phase]
-    framework_timers: list[float]  # summed actor_seconds of the measured segments (see NOTE)
+    framework_timers: list[float]  # summed actor_seconds of the measured segments (see below)
 
     @property
     def ratios(self) -> list[float]:
@@ -101,6 +105,22 @@ class CaseResult:
         )
 
 
+def timer_reader(segment_spec: Any) -> Callable[[np.ndarray], np.ndarray]:
+    """Reads a segment's `actor_seconds` [3] without building every field view (which costs
+    ~100 us per call), so the echoing learner stays as cheap as possible.
+
+    NOTE: `Actor.run_once` writes these timers after it has handed the buffer to the transport,
+    so a received segment carries the timers of an earlier one (the buffer's previous use,
+    `max_inflight_segments + 1` segments back). Summed over many steady-state segments after a
+    warm-up longer than that, the totals are still right.
+    """
+    probe = segment_spec.allocate()
+    view = segment_spec.views(probe)["actor_seconds"]
+    start = view.__array_interface__["data"][0] - probe.__array_interface__["data"][0]
+    stop = start + view.nbytes
+    return lambda segment: segment[start:stop].view(np.float64)
+
+
 @dataclasses.dataclass
 class EnvRankSetup:
     """What both sides share: config, topology, spaces, message specs and one parameter message."""
@@ -117,10 +137,12 @@ def make_setup(config_path: Path, vectorization: str, num_envs: int) -> EnvRankS
     """Resolve the config for this case and build the parameter message a learner would send."""
     import jax
 
+    from agentenv_jax.buffers.segment_queue import on_policy_segment_spec
     from agentenv_jax.config.loading import load_config
     from agentenv_jax.envs import normalization as norm
-    from agentenv_jax.launch import _network, _prepare_env_rank, _specs
+    from agentenv_jax.launch import _network, _prepare_env_rank
     from agentenv_jax.networks import init_params
+    from agentenv_jax.transport.messages import param_message_spec
     from agentenv_jax.transport.topology import make_topology
 
     config = load_config(
@@ -134,8 +156,10 @@ def make_setup(config_path: Path, vectorization: str, num_envs: int) -> EnvRankS
     topology = make_topology(config, world_size=1, rank=0)
     probe, spaces = _prepare_env_rank(config, topology)
     probe.close()
-    segment_specs, param_spec = _specs(config, topology, spaces)
     module, _, layout = _network(config, spaces)
+    # The same specs launch derives for an on-policy run with one env rank.
+    segment_spec = on_policy_segment_spec(spaces, config.algorithm.rollout_length, num_envs)
+    param_spec = param_message_spec(layout.num_params, spaces.obs_dim)
     params = init_params(module, spaces.obs_shape, jax.random.key(config.run.seed))
     message = param_spec.allocate()
     fields = param_spec.views(message)
@@ -144,7 +168,7 @@ def make_setup(config_path: Path, vectorization: str, num_envs: int) -> EnvRankS
     for name, dim in (("obs_stats", spaces.obs_dim), ("return_stats", 1)):
         stats = norm.empty_stats(dim)
         fields[name][:] = np.concatenate([[stats.count], stats.mean, stats.m2])
-    return EnvRankSetup(config, topology, spaces, segment_specs[0], param_spec, message)
+    return EnvRankSetup(config, topology, spaces, segment_spec, param_spec, message)
 
 
 class PlainLoop:
@@ -223,6 +247,7 @@ class InProcessFramework:
         self._version = setup.param_spec.views(self._message)["version"]
         self._learner.broadcast_params(self._message)
         self._timers = np.zeros(3)
+        self._read_timers = timer_reader(setup.segment_spec)
         self._timeout_s = config.run.transport_timeout_s
 
     def run_segments(self, count: int) -> Phase:
@@ -233,7 +258,7 @@ class InProcessFramework:
         for _ in range(count):
             self._actor.run_once()
             (segment,) = self._learner.receive_round(self._timeout_s)
-            timers += self._setup.segment_spec.views(segment)["actor_seconds"]
+            timers += self._read_timers(segment)
             self._learner.release_round()
             self._version[0] += 1
             self._learner.broadcast_params(self._message)
@@ -253,31 +278,71 @@ class InProcessFramework:
         self._learner.collect_final_reports(self._timeout_s)
 
 
-def segments_per_phase(plain: PlainLoop, setup: EnvRankSetup, seconds: float) -> int:
-    """How many segments make a phase of about `seconds`, from a timed plain warm-up."""
+def merge(phases: list[Phase]) -> Phase:
+    """The phases of one side in one round, as one."""
+    return Phase(
+        sum(p.wall_s for p in phases),
+        sum(p.vector_steps for p in phases),
+        phases[0].num_envs,
+        sum(p.env_s for p in phases),
+        sum(p.inference_s for p in phases),
+        sum(p.transport_s for p in phases),
+    )
+
+
+@dataclasses.dataclass(frozen=True)
+class Schedule:
+    """Each round alternates `chunks` chunks of `chunk_segments` segments per side."""
+
+    rounds: int
+    chunks: int
+    chunk_segments: int
+
+    @property
+    def segments_per_side(self) -> int:
+        return self.rounds * self.chunks * self.chunk_segments
+
+
+def make_schedule(plain: PlainLoop, args: argparse.Namespace) -> Schedule:
+    """Size chunks (~`--chunk-seconds`) and rounds (~`--seconds` per side) from a timed plain
+    warm-up."""
     probe = plain.run_segments(4)
     per_segment = probe.wall_s / 4
-    return max(4, math.ceil(seconds / per_segment))
+    chunk_segments = max(1, round(args.chunk_seconds / per_segment))
+    chunks = max(2, round(args.seconds / (chunk_segments * per_segment)))
+    return Schedule(args.rounds, chunks, chunk_segments)
 
 
-def run_inprocess_case(
-    config_path: Path, vectorization: str, num_envs: int, rounds: int, seconds: float
-) -> CaseResult:
-    setup = make_setup(config_path, vectorization, num_envs)
+def interleave(
+    result: CaseResult,
+    schedule: Schedule,
+    plain: Callable[[int], Phase],
+    framework: Callable[[int], Phase],
+) -> None:
+    """Run both sides chunk by chunk (ABBA order, so neither side always goes first)."""
+    for r in range(schedule.rounds):
+        plain_phases, framework_phases = [], []
+        for c in range(schedule.chunks):
+            if (r + c) % 2 == 0:
+                plain_phases.append(plain(schedule.chunk_segments))
+                framework_phases.append(framework(schedule.chunk_segments))
+            else:
+                framework_phases.append(framework(schedule.chunk_segments))
+                plain_phases.append(plain(schedule.chunk_segments))
+        result.plain.append(merge(plain_phases))
+        result.framework.append(merge(framework_phases))
+
+
+def run_inprocess_case(args: argparse.Namespace, vectorization: str, num_envs: int) -> CaseResult:
+    setup = make_setup(args.config, vectorization, num_envs)
     plain = PlainLoop(setup)
     framework = InProcessFramework(setup)
     plain.run_segments(WARMUP_SEGMENTS)  # compiles the policy for this batch
     framework.run_segments(WARMUP_SEGMENTS)
     framework.take_timers()
-    count = segments_per_phase(plain, setup, seconds)
+    schedule = make_schedule(plain, args)
     result = CaseResult("in-process", vectorization, num_envs, [], [], [])
-    for r in range(rounds):
-        if r % 2 == 0:
-            result.plain.append(plain.run_segments(count))
-            result.framework.append(framework.run_segments(count))
-        else:
-            result.framework.append(framework.run_segments(count))
-            result.plain.append(plain.run_segments(count))
+    interleave(result, schedule, plain.run_segments, framework.run_segments)
     result.framework_timers = framework.take_timers()
     framework.close()
     plain.close()
@@ -293,10 +358,11 @@ def mpi_worker(args: argparse.Namespace) -> None:
         raise SystemExit("the MPI variant needs exactly 2 ranks (mpiexec -n 2)")
     if world.Get_rank() == 1:
         from agentenv_jax.config.loading import load_config
-        from agentenv_jax.launch import _limit_xla_threads
+        from agentenv_jax.launch import _single_threaded_xla
 
         # As launch.run_mpi does on env ranks, before the first XLA computation.
-        _limit_xla_threads(load_config(args.config).topology.xla_threads_on_env_ranks)
+        if load_config(args.config).topology.single_threaded_env_ranks:
+            _single_threaded_xla()
     for vectorization in args.vectorizations:
         for num_envs in args.envs:
             # A fresh communicator per case: no stale credit or parameter message of an earlier
@@ -308,6 +374,18 @@ def mpi_worker(args: argparse.Namespace) -> None:
                 result = _mpi_env_rank(comm, args, vectorization, num_envs)
                 print(RESULT_PREFIX + json.dumps(result.as_dict()), flush=True)
             comm.Free()
+
+
+def run_mpi_worker(args: argparse.Namespace) -> None:
+    """`mpi_worker`, aborting the whole job on an error so that no rank waits forever."""
+    try:
+        mpi_worker(args)
+    except BaseException:
+        from mpi4py import MPI
+
+        traceback.print_exc()
+        sys.stderr.flush()
+        MPI.COMM_WORLD.Abort(1)
 
 
 def _mpi_learner(comm: Any) -> None:
@@ -322,10 +400,11 @@ def _mpi_learner(comm: Any) -> None:
     version = param_spec.views(message)["version"]
     channel.broadcast_params(message)
     timers = np.zeros(3)
+    read_timers = timer_reader(segment_spec)
     for index in range(plan["total_segments"]):
         (segment,) = channel.receive_round(plan["timeout_s"])
         if index >= plan["warmup_segments"]:
-            timers += segment_spec.views(segment)["actor_seconds"]
+            timers += read_timers(segment)
         channel.release_round()
         if index + 1 < plan["total_segments"]:
             version[0] += 1
@@ -345,7 +424,7 @@ def _mpi_env_rank(
     config = setup.config
     plain = PlainLoop(setup)
     plain.run_segments(WARMUP_SEGMENTS)
-    count = segments_per_phase(plain, setup, args.seconds)
+    schedule = make_schedule(plain, args)
     comm.send(
         {
             "segment_spec": setup.segment_spec,
@@ -353,7 +432,7 @@ def _mpi_env_rank(
             "param_message": setup.param_message,
             "max_inflight": config.topology.max_inflight_segments,
             "warmup_segments": WARMUP_SEGMENTS,
-            "total_segments": WARMUP_SEGMENTS + args.rounds * count,
+            "total_segments": WARMUP_SEGMENTS + schedule.segments_per_side,
             "timeout_s": config.run.transport_timeout_s,
         },
         dest=0,
@@ -374,13 +453,7 @@ def _mpi_env_rank(
 
     framework_phase(WARMUP_SEGMENTS)
     result = CaseResult("mpi -n 2", vectorization, num_envs, [], [], [])
-    for r in range(args.rounds):
-        if r % 2 == 0:
-            result.plain.append(plain.run_segments(count))
-            result.framework.append(framework_phase(count))
-        else:
-            result.framework.append(framework_phase(count))
-            result.plain.append(plain.run_segments(count))
+    interleave(result, schedule, plain.run_segments, framework_phase)
     if actor.run_once():
         raise RuntimeError("the echoing learner did not ask the env rank to stop")
     actor.finish()
@@ -413,6 +486,8 @@ def run_mpi_cases(args: argparse.Namespace) -> list[CaseResult]:
         str(args.rounds),
         "--seconds",
         str(args.seconds),
+        "--chunk-seconds",
+        str(args.chunk_seconds),
         "--vectorizations",
         *args.vectorizations,
         "--envs",
@@ -480,8 +555,16 @@ def _parser() -> argparse.ArgumentParser:
         choices=["sync", "native", "async"],
         help="gymnasium vector env kinds to measure",
     )
-    parser.add_argument("--rounds", type=int, default=5, help="plain/framework pairs per case")
-    parser.add_argument("--seconds", type=float, default=1.0, help="approx. seconds per phase")
+    parser.add_argument("--rounds", type=int, default=5, help="rounds (ratios) per case")
+    parser.add_argument(
+        "--seconds", type=float, default=1.0, help="approx. seconds per side per round"
+    )
+    parser.add_argument(
+        "--chunk-seconds",
+        type=float,
+        default=0.2,
+        help="approx. seconds per chunk: within a round the sides alternate chunk by chunk",
+    )
     parser.add_argument("--no-mpi", action="store_true", help="skip the mpiexec -n 2 variant")
     parser.add_argument("--no-inprocess", action="store_true", help="skip the in-process variant")
     parser.add_argument("--timeout", type=float, default=900.0, help="limit for the MPI job (s)")
@@ -502,7 +585,7 @@ def _describe_machine() -> str:
 def main() -> None:
     args = _parser().parse_args()
     if args.mpi_worker:
-        mpi_worker(args)
+        run_mpi_worker(args)
         return
     print(f"actor efficiency: {args.config.name}, {_describe_machine()}")
     print(
@@ -513,11 +596,7 @@ def main() -> None:
     if not args.no_inprocess:
         for vectorization in args.vectorizations:
             for num_envs in args.envs:
-                results.append(
-                    run_inprocess_case(
-                        args.config, vectorization, num_envs, args.rounds, args.seconds
-                    )
-                )
+                results.append(run_inprocess_case(args, vectorization, num_envs))
     if not args.no_mpi:
         results.extend(run_mpi_cases(args))
     print_report(results)
