@@ -6,6 +6,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -23,13 +24,13 @@ def mpiexec_path() -> str:
     return found
 
 
-def run_command(args: list[str], timeout: float, cwd: Path) -> subprocess.CompletedProcess:
-    """Run a command in its own process group; on timeout kill the whole group and fail."""
+def start_job(args: list[str], cwd: Path = REPO) -> subprocess.Popen:
+    """Start a command in its own process group, outside any launcher this test runs under."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PMI_", "OMPI_", "PMIX_"))}
     env["PYTHONUNBUFFERED"] = "1"
     # Lets `env.id: envs_for_tests:<factory>` resolve on every rank.
     env["PYTHONPATH"] = os.pathsep.join([str(REPO / "tests"), env.get("PYTHONPATH", "")])
-    proc = subprocess.Popen(
+    return subprocess.Popen(
         args,
         cwd=cwd,
         env=env,
@@ -38,6 +39,21 @@ def run_command(args: list[str], timeout: float, cwd: Path) -> subprocess.Comple
         text=True,
         start_new_session=True,
     )
+
+
+def wait_for_updates(proc: subprocess.Popen, run_dir: Path, count: int, timeout: float) -> None:
+    """Block until the running job has written `count` metrics records."""
+    metrics = run_dir / "metrics.jsonl"
+    deadline = time.monotonic() + timeout
+    while not (metrics.exists() and len(metrics.read_text().splitlines()) >= count):
+        assert proc.poll() is None, proc.communicate()[1][-3000:]
+        assert time.monotonic() < deadline, f"the run wrote fewer than {count} updates"
+        time.sleep(0.2)
+
+
+def run_command(args: list[str], timeout: float, cwd: Path) -> subprocess.CompletedProcess:
+    """Run a command in its own process group; on timeout kill the whole group and fail."""
+    proc = start_job(args, cwd)
     try:
         out, err = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:

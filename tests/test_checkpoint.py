@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
 import time
 
 import jax.numpy as jnp
@@ -15,7 +14,15 @@ import pytest
 from agentenv_jax.checkpoint import CheckpointError, CheckpointStore
 from agentenv_jax.metrics.logger import read_metrics
 
-from conftest import EXPERIMENTS, REPO, agentenv_command, mpiexec_path, run_command
+from conftest import (
+    EXPERIMENTS,
+    REPO,
+    agentenv_command,
+    mpiexec_path,
+    run_command,
+    start_job,
+    wait_for_updates,
+)
 
 CARTPOLE = str(EXPERIMENTS / "cartpole_ppo.yaml")
 
@@ -44,9 +51,7 @@ def _events(run_dir):
 @pytest.mark.slow
 def test_sigterm_then_resume_under_mpiexec(tmp_path):
     run_dir = tmp_path / "pre"
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("PMI_", "OMPI_", "PMIX_"))}
-    env["PYTHONPATH"] = os.pathsep.join([str(REPO / "tests"), env.get("PYTHONPATH", "")])
-    proc = subprocess.Popen(
+    proc = start_job(
         [
             mpiexec_path(),
             "-n",
@@ -61,21 +66,10 @@ def test_sigterm_then_resume_under_mpiexec(tmp_path):
                 "--set",
                 "checkpoint.every_updates=10",
             ),
-        ],
-        cwd=REPO,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,
+        ]
     )
     try:
-        deadline = time.monotonic() + 180
-        metrics = run_dir / "metrics.jsonl"
-        while not (metrics.exists() and len(metrics.read_text().splitlines()) >= 25):
-            assert proc.poll() is None, proc.communicate()[1][-3000:]
-            assert time.monotonic() < deadline, "the run made no progress"
-            time.sleep(0.2)
+        wait_for_updates(proc, run_dir, 25, timeout=180)
         proc.send_signal(signal.SIGTERM)  # as Slurm does on preemption
         _, stderr = proc.communicate(timeout=60)
     finally:

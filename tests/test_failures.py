@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
 import time
 
 import jax
@@ -15,7 +14,15 @@ import pytest
 
 from agentenv_jax.checkpoint import CheckpointStore
 
-from conftest import EXPERIMENTS, REPO, agentenv_command, mpiexec_path, run_command
+from conftest import (
+    EXPERIMENTS,
+    REPO,
+    agentenv_command,
+    mpiexec_path,
+    run_command,
+    start_job,
+    wait_for_updates,
+)
 
 CARTPOLE = str(EXPERIMENTS / "cartpole_ppo.yaml")
 
@@ -67,8 +74,8 @@ def test_non_finite_update_stops_the_job_and_keeps_the_last_good_checkpoint(tmp_
 def test_killed_env_rank_ends_the_job_and_the_checkpoint_restores(tmp_path):
     """MPICH's launcher ends the whole job as soon as a rank dies, naming its PID; the run's
     events.jsonl maps PIDs to ranks. The last checkpoint restores."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("PMI_", "OMPI_", "PMIX_"))}
-    proc = subprocess.Popen(
+    run_dir = tmp_path / "kill"
+    proc = start_job(
         [
             mpiexec_path(),
             "-n",
@@ -83,23 +90,10 @@ def test_killed_env_rank_ends_the_job_and_the_checkpoint_restores(tmp_path):
                 "--set",
                 "checkpoint.every_updates=5",
             ),
-        ],
-        cwd=REPO,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,
+        ]
     )
     try:
-        run_dir = tmp_path / "kill"
-        deadline = time.monotonic() + 120
-        while not (
-            (run_dir / "metrics.jsonl").exists()
-            and len((run_dir / "metrics.jsonl").read_text().splitlines()) >= 12
-        ):
-            assert proc.poll() is None and time.monotonic() < deadline
-            time.sleep(0.2)
+        wait_for_updates(proc, run_dir, 12, timeout=120)
         events = [json.loads(x) for x in (run_dir / "events.jsonl").read_text().splitlines()]
         processes = next(e for e in events if e["event"] == "start")["processes"]
         os.kill(processes["2"]["pid"], signal.SIGKILL)
