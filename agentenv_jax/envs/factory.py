@@ -156,11 +156,15 @@ def make_vector_env(config: EnvConfig, local_num_envs: int) -> gym.vector.Vector
     make_env = resolve_env_factory(config)
     if config.on_fault == "recreate":
         make_env = functools.partial(RecreateOnFault, make_env)
-    vector_cls = (
-        gym.vector.SyncVectorEnv if config.vectorization == "sync" else (gym.vector.AsyncVectorEnv)
-    )
+    fns = [make_env] * local_num_envs
     try:
-        return vector_cls([make_env] * local_num_envs, autoreset_mode=AutoresetMode.SAME_STEP)
+        if config.vectorization == "sync":
+            return gym.vector.SyncVectorEnv(fns, autoreset_mode=AutoresetMode.SAME_STEP)
+        # NOTE: worker processes are spawned, not forked: forking a process whose JAX runtime
+        # already runs threads can deadlock the child.
+        return gym.vector.AsyncVectorEnv(
+            fns, autoreset_mode=AutoresetMode.SAME_STEP, context="spawn"
+        )
     except EnvError:
         raise
     except Exception as err:
