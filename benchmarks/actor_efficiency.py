@@ -30,7 +30,6 @@ import argparse
 import dataclasses
 import json
 import os
-import shutil
 import statistics
 import subprocess
 import sys
@@ -41,6 +40,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from common import find_mpiexec
 
 REPO = Path(__file__).resolve().parent.parent
 DEFAULT_CONFIG = REPO / "experiments" / "cartpole_ppo.yaml"
@@ -460,12 +460,6 @@ def _mpi_env_rank(
     plain.close()
     result.framework_timers = comm.recv(source=0, tag=SETUP_TAG)
     return result
-
-
-def find_mpiexec() -> str | None:
-    """The mpiexec next to this Python (the mpich wheel puts it there), else the one on PATH."""
-    beside = Path(sys.executable).parent / "mpiexec"
-    return str(beside) if beside.exists() else shutil.which("mpiexec")
 
 
 def run_mpi_cases(args: argparse.Namespace) -> list[CaseResult]:

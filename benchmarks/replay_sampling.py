@@ -50,7 +50,6 @@ import dataclasses
 import json
 import math
 import os
-import shutil
 import statistics
 import subprocess
 import sys
@@ -62,6 +61,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from common import find_mpiexec
 
 REPO = Path(__file__).resolve().parent.parent
 DEFAULT_CONFIG = REPO / "experiments" / "pendulum_sac.yaml"
@@ -454,12 +454,6 @@ def worker(args: argparse.Namespace) -> None:
         else:
             env_rank(comm, config)
         comm.Free()
-
-
-def find_mpiexec() -> str | None:
-    """The mpiexec next to this Python (the mpich wheel puts it there), else the one on PATH."""
-    beside = Path(sys.executable).parent / "mpiexec"
-    return str(beside) if beside.exists() else shutil.which("mpiexec")
 
 
 def launch(args: argparse.Namespace, partitions: int) -> list[dict[str, Any]]:

@@ -47,6 +47,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from common import clean_env, find_mpiexec
+
 REPO = Path(__file__).resolve().parent.parent
 DEFAULT_CONFIG = REPO / "experiments" / "pendulum_sac.yaml"
 TARGET_RETURN = -300.0
@@ -114,11 +116,6 @@ def one_process_worker(args: argparse.Namespace) -> dict[str, Any]:
     return read_run(result.run_dir) | {"call_s": call_s, "import_s": import_s}
 
 
-def _clean_env() -> dict[str, str]:
-    """This environment without an outer MPI launcher's variables."""
-    return {k: v for k, v in os.environ.items() if not k.startswith(("PMI_", "OMPI_", "PMIX_"))}
-
-
 def run_one_process(args: argparse.Namespace, seed: int, run_dir: Path) -> dict[str, Any]:
     command = [
         sys.executable,
@@ -134,7 +131,7 @@ def run_one_process(args: argparse.Namespace, seed: int, run_dir: Path) -> dict[
         str(run_dir),
     ]
     done = subprocess.run(
-        command, capture_output=True, text=True, env=_clean_env(), timeout=args.timeout
+        command, capture_output=True, text=True, env=clean_env(), timeout=args.timeout
     )
     if done.returncode != 0:
         raise SystemExit(f"one-process seed {seed} failed (exit {done.returncode}):\n{done.stderr}")
@@ -142,12 +139,6 @@ def run_one_process(args: argparse.Namespace, seed: int, run_dir: Path) -> dict[
         if line.startswith(RESULT_PREFIX):
             return json.loads(line[len(RESULT_PREFIX) :])
     raise SystemExit(f"one-process seed {seed} printed no result:\n{done.stdout}\n{done.stderr}")
-
-
-def find_mpiexec() -> str | None:
-    """The mpiexec next to this Python (the mpich wheel puts it there), else the one on PATH."""
-    beside = Path(sys.executable).parent / "mpiexec"
-    return str(beside) if beside.exists() else shutil.which("mpiexec")
 
 
 def run_mpi(args: argparse.Namespace, seed: int, run_dir: Path) -> dict[str, Any]:
@@ -161,7 +152,7 @@ def run_mpi(args: argparse.Namespace, seed: int, run_dir: Path) -> dict[str, Any
         command += ["--set", override]
     started = time.perf_counter()
     done = subprocess.run(
-        command, capture_output=True, text=True, env=_clean_env(), timeout=args.timeout
+        command, capture_output=True, text=True, env=clean_env(), timeout=args.timeout
     )
     job_s = time.perf_counter() - started
     if done.returncode != 0:

@@ -50,6 +50,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from common import clean_env, find_mpiexec
+
 REPO = Path(__file__).resolve().parent.parent
 DEFAULT_CONFIG = REPO / "experiments" / "cartpole_ppo.yaml"
 TARGET_RETURN = 475.0
@@ -178,11 +180,6 @@ def sb3_worker(args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
-def _clean_env() -> dict[str, str]:
-    """This environment without an outer MPI launcher's variables."""
-    return {k: v for k, v in os.environ.items() if not k.startswith(("PMI_", "OMPI_", "PMIX_"))}
-
-
 def _run_worker(args: argparse.Namespace, side: str, seed: int, run_dir: Path) -> dict[str, Any]:
     command = [
         sys.executable,
@@ -200,7 +197,7 @@ def _run_worker(args: argparse.Namespace, side: str, seed: int, run_dir: Path) -
     ]
     command += ["--torch-threads", str(args.torch_threads)]
     done = subprocess.run(
-        command, capture_output=True, text=True, env=_clean_env(), timeout=args.timeout
+        command, capture_output=True, text=True, env=clean_env(), timeout=args.timeout
     )
     if done.returncode != 0:
         raise SystemExit(f"{side} seed {seed} failed (exit {done.returncode}):\n{done.stderr}")
@@ -208,12 +205,6 @@ def _run_worker(args: argparse.Namespace, side: str, seed: int, run_dir: Path) -
         if line.startswith(RESULT_PREFIX):
             return json.loads(line[len(RESULT_PREFIX) :])
     raise SystemExit(f"{side} seed {seed} printed no result:\n{done.stdout}\n{done.stderr}")
-
-
-def find_mpiexec() -> str | None:
-    """The mpiexec next to this Python (the mpich wheel puts it there), else the one on PATH."""
-    beside = Path(sys.executable).parent / "mpiexec"
-    return str(beside) if beside.exists() else shutil.which("mpiexec")
 
 
 def _run_mpi(args: argparse.Namespace, seed: int, run_dir: Path) -> dict[str, Any]:
@@ -227,7 +218,7 @@ def _run_mpi(args: argparse.Namespace, seed: int, run_dir: Path) -> dict[str, An
         command += ["--set", override]
     started = time.perf_counter()
     done = subprocess.run(
-        command, capture_output=True, text=True, env=_clean_env(), timeout=args.timeout
+        command, capture_output=True, text=True, env=clean_env(), timeout=args.timeout
     )
     job_s = time.perf_counter() - started
     if done.returncode != 0:

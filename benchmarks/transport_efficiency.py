@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
 import statistics
 import subprocess
 import sys
@@ -30,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from common import find_mpiexec
 
 GOAL = 0.8
 RESULT_PREFIX = "TRANSPORT_EFFICIENCY_RESULT "
@@ -177,12 +177,6 @@ def worker(args: argparse.Namespace) -> None:
                 print(RESULT_PREFIX + json.dumps(result), flush=True)
 
 
-def find_mpiexec() -> str | None:
-    """The mpiexec next to this Python (the mpich wheel puts it there), else the one on PATH."""
-    beside = Path(sys.executable).parent / "mpiexec"
-    return str(beside) if beside.exists() else shutil.which("mpiexec")
-
-
 def launch(args: argparse.Namespace) -> list[dict[str, Any]]:
     mpiexec = find_mpiexec()
     if mpiexec is None:
@@ -312,7 +306,7 @@ def main() -> None:
         "\nus/msg: receiver-side microseconds per segment. The raw side is a blocking "
         "Send/Recv stream of\nthe same bytes; the transport adds credits (one small Isend per "
         "segment), posted receives,\nsegment accounting and Test-and-sleep waits "
-        "(20 us .. 1 ms back-off)."
+        "(20 us .. 250 us back-off)."
     )
     if args.json:
         args.json.write_text(json.dumps(results, indent=1) + "\n")
