@@ -84,7 +84,9 @@ def test_sigterm_then_resume_under_mpiexec(tmp_path):
     assert events[-2]["event"] == "interrupted"
     saved = events[-1]
     assert saved["event"] == "checkpoint" and saved["update"] == stopped_at
-    assert CheckpointStore(run_dir, keep=3).latest_step() == stopped_at
+    store = CheckpointStore(run_dir, keep=3)
+    assert store.latest_step() == stopped_at
+    store.close()
 
     resumed = run_command(
         [
