@@ -22,17 +22,6 @@ from agentenv_jax.transport.base import ActorChannel, TransportError
 from agentenv_jax.transport.spec import MessageSpec
 
 
-def _stats_from_flat(flat: np.ndarray, dim: int) -> norm.RunningStats:
-    return norm.RunningStats(float(flat[0]), flat[1 : 1 + dim], flat[1 + dim :])
-
-
-def _stats_to_flat(stats: norm.RunningStats, out: np.ndarray) -> None:
-    dim = stats.mean.shape[0]
-    out[0] = stats.count
-    out[1 : 1 + dim] = stats.mean
-    out[1 + dim :] = stats.m2
-
-
 class Actor:
     """One env rank's collector of on-policy segments.
 
@@ -117,8 +106,8 @@ class Actor:
             # A resumed learner starts at its checkpoint's update u, which trains segment u.
             self._sequence = self._version
         self._policy.set_params(fields["params"])
-        self._obs_stats = _stats_from_flat(fields["obs_stats"].copy(), self._spaces.obs_dim)
-        self._return_stats = _stats_from_flat(fields["return_stats"].copy(), 1)
+        self._obs_stats = norm.stats_from_flat(fields["obs_stats"].copy(), self._spaces.obs_dim)
+        self._return_stats = norm.stats_from_flat(fields["return_stats"].copy(), 1)
 
     def _observe(self, raw_obs: np.ndarray) -> np.ndarray:
         if not self._normalize_obs:
@@ -261,17 +250,15 @@ class Actor:
         fields["last_obs"][:] = last_obs
         fields["last_value"][:] = self._policy.value(last_obs)
         inference_s += time.perf_counter() - tick
-        _stats_to_flat(
+        fields["obs_stats"][:] = norm.stats_to_flat(
             norm.stats_of(np.concatenate(segment_obs))
             if segment_obs
-            else norm.empty_stats(self._spaces.obs_dim),
-            fields["obs_stats"],
+            else norm.empty_stats(self._spaces.obs_dim)
         )
-        _stats_to_flat(
+        fields["return_stats"][:] = norm.stats_to_flat(
             norm.stats_of(np.concatenate(segment_returns))
             if segment_returns
-            else norm.empty_stats(1),
-            fields["return_stats"],
+            else norm.empty_stats(1)
         )
         fields["sequence"][0] = self._sequence
         fields["env_faults"][0] = self.env_faults

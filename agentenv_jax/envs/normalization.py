@@ -42,6 +42,16 @@ def merge_stats(a: RunningStats, b: RunningStats) -> RunningStats:
     return RunningStats(count, mean, m2)
 
 
+def stats_to_flat(stats: RunningStats) -> np.ndarray:
+    """`[count, mean..., m2...]` as float64 `[1 + 2D]`: the form statistics take in messages."""
+    return np.concatenate([[stats.count], stats.mean, stats.m2])
+
+
+def stats_from_flat(flat: np.ndarray, dim: int) -> RunningStats:
+    """The inverse of `stats_to_flat` (the arrays are views of `flat`)."""
+    return RunningStats(float(flat[0]), flat[1 : 1 + dim], flat[1 + dim :])
+
+
 def variance(stats: RunningStats) -> np.ndarray:
     """Population variance; 1 where nothing has been seen yet."""
     if stats.count < 2:

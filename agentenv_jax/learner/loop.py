@@ -139,13 +139,7 @@ def jit_sharded_update(update: Callable, mesh: Mesh) -> Callable:
 
 
 def _merge_flat_stats(total: norm.RunningStats, flat: np.ndarray) -> norm.RunningStats:
-    dim = total.mean.shape[0]
-    delta = norm.RunningStats(float(flat[0]), flat[1 : 1 + dim], flat[1 + dim :])
-    return norm.merge_stats(total, delta)
-
-
-def _flat_stats(stats: norm.RunningStats) -> np.ndarray:
-    return np.concatenate([[stats.count], stats.mean, stats.m2])
+    return norm.merge_stats(total, norm.stats_from_flat(flat, total.mean.shape[0]))
 
 
 class Learner:
@@ -247,8 +241,8 @@ class Learner:
             "episodes": self.episodes,
             "returns": list(self._returns),
             "lengths": list(self._lengths),
-            "obs_stats": _flat_stats(self._obs_stats).tolist(),
-            "return_stats": _flat_stats(self._return_stats).tolist(),
+            "obs_stats": norm.stats_to_flat(self._obs_stats).tolist(),
+            "return_stats": norm.stats_to_flat(self._return_stats).tolist(),
         }
 
     def restore(self, state: TrainState, meta: dict[str, Any]) -> None:
@@ -272,8 +266,8 @@ class Learner:
         fields["version"][0] = self.version
         fields["params"][:] = np.asarray(self._ravel(self.state.params))
         check_finite(self.updates, {}, fields["params"])
-        fields["obs_stats"][:] = _flat_stats(self._obs_stats)
-        fields["return_stats"][:] = _flat_stats(self._return_stats)
+        fields["obs_stats"][:] = norm.stats_to_flat(self._obs_stats)
+        fields["return_stats"][:] = norm.stats_to_flat(self._return_stats)
         self._channel.broadcast_params(self._param_message)
 
     def run_once(self) -> dict[str, Any]:
