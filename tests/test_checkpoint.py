@@ -81,9 +81,10 @@ def test_sigterm_then_resume_under_mpiexec(tmp_path):
     stopped_at = summary["updates"]
     assert 25 <= stopped_at < 391
     events = _events(run_dir)
-    assert events[-2]["event"] == "interrupted"
-    saved = events[-1]
-    assert saved["event"] == "checkpoint" and saved["update"] == stopped_at
+    # The signal may land just after a periodic save, in which case no second save follows.
+    assert [e["update"] for e in events if e["event"] == "interrupted"] == [stopped_at]
+    saved = [e for e in events if e["event"] == "checkpoint"][-1]
+    assert saved["update"] == stopped_at
     store = CheckpointStore(run_dir, keep=3)
     assert store.latest_step() == stopped_at
     store.close()
