@@ -523,6 +523,7 @@ def run_mpi(config: ExperimentConfig, resume: bool = False) -> TrainResult:
         raise StartupError(f"rank {failures[0][0]}: {failures[0][1]}")
     spaces = outcomes[topology.num_learner_ranks][1]
     processes = {rank: {"pid": o[2], "host": o[3]} for rank, o in enumerate(outcomes)}
+    world.watch_for_failed_ranks(processes)
     plan = _plan(config, topology, spaces)
 
     # Second agreement: building the roles can fail too (a checkpoint that does not fit).

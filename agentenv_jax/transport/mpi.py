@@ -11,6 +11,9 @@ than spin, and a round trip gains at most a quarter millisecond.
 
 from __future__ import annotations
 
+import os
+import signal
+import socket
 import time
 from collections.abc import Callable
 from typing import Any
@@ -44,12 +47,74 @@ class _Backoff:
         self._next = self._first
 
 
+def _process_gone(pid: int) -> bool:
+    """Whether process `pid` of this host has exited (a zombie counts as gone)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:
+        return False
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] == "Z"
+    except (OSError, IndexError):
+        return False
+
+
+class _FailedRankWatch:
+    """Names a rank of the job that has died, for the ranks that wait on it.
+
+    MPICH's mpiexec by default kills the whole job the moment one process dies and names only
+    its PID. Run with `-disable-auto-cleanup`, it keeps the survivors alive and sends them
+    SIGUSR1 instead (whose default action would kill them too). On that notice every wait checks
+    which ranks of this host have gone and names them at once; a rank that died on another host
+    is named by the rank waiting on it when run.transport_timeout_s runs out.
+    """
+
+    def __init__(self) -> None:
+        self.notice_received = False
+        self._local: dict[int, int] = {}  # rank -> pid, for the ranks on this host
+
+    def install(self, processes: dict[int, dict[str, Any]]) -> None:
+        host = socket.gethostname()
+        self._local = {r: int(p["pid"]) for r, p in processes.items() if p["host"] == host}
+        signal.signal(signal.SIGUSR1, self._on_notice)
+
+    def _on_notice(self, signum: int, frame: Any) -> None:
+        self.notice_received = True
+
+    def check(self) -> None:
+        """Raise `TransportError` naming the ranks of this host that have died, once the
+        launcher has said that a process of the job failed."""
+        if not self.notice_received:
+            return
+        dead = [rank for rank, pid in sorted(self._local.items()) if _process_gone(pid)]
+        if dead:
+            raise TransportError(
+                ", ".join(f"rank {rank} (pid {self._local[rank]})" for rank in dead)
+                + " died; stopping the job"
+            )
+
+    def describe(self) -> str:
+        """A note for timeout messages."""
+        if self.notice_received:
+            return "; the launcher reported that a process of the job failed"
+        return ""
+
+
+_FAILED_RANKS = _FailedRankWatch()
+
+
 def _wait_until(done: Callable[[], bool], timeout_s: float, what: Callable[[], str]) -> None:
     deadline = time.monotonic() + timeout_s
     backoff = _Backoff()
     while not done():
+        _FAILED_RANKS.check()
         if time.monotonic() > deadline:
-            raise TransportError(f"timed out after {timeout_s:.0f} s waiting for {what()}")
+            raise TransportError(
+                f"timed out after {timeout_s:.0f} s waiting for {what()}" + _FAILED_RANKS.describe()
+            )
         backoff.sleep()
 
 
@@ -70,6 +135,11 @@ class MPIWorld:
         barrier = self.comm.Ibarrier()
         _wait_until(barrier.Test, 3600.0, lambda: "every rank to finish starting up")
         return self.comm.allgather(value)
+
+    def watch_for_failed_ranks(self, processes: dict[int, dict[str, Any]]) -> None:
+        """From now on, waits name a rank whose process died (see `_FailedRankWatch`);
+        `processes` maps every rank to its `pid` and `host`."""
+        _FAILED_RANKS.install(processes)
 
     def abort(self, exit_code: int) -> None:
         """Kill every rank of the job now (used after an unexpected error on one rank)."""
@@ -173,6 +243,7 @@ class MPIActorChannel:
         return self._poll_stop()
 
     def idle(self) -> None:
+        _FAILED_RANKS.check()
         self._backoff.sleep()
 
     def pump(self, queue: SegmentQueue) -> None:
@@ -413,6 +484,7 @@ class MPIReplayLearnerChannel:
 
     def idle(self) -> None:
         """Nothing to sample yet (rate limit or learning not started): let env ranks step."""
+        _FAILED_RANKS.check()
         time.sleep(5e-4)
 
     def send_requests(self, requests: list[np.ndarray]) -> None:
