@@ -72,20 +72,29 @@ def _single_threaded_xla() -> None:
 
 
 def _run_dir(config: ExperimentConfig) -> Path:
-    if config.run.name is not None:
-        path = Path(config.run.run_dir) / config.run.name
-    else:
-        stem = (
+    """RUN_DIR (made if missing) of a config whose `run.name` is set (`_with_run_name`)."""
+    if config.run.name is None:
+        raise ValueError("the run directory of an unnamed run is not decided yet")
+    path = Path(config.run.run_dir) / config.run.name
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def _with_run_name(config: ExperimentConfig, name: str | None = None) -> ExperimentConfig:
+    """`config` with `run.name` set: to `name`, or for an unnamed run to a fresh
+    `<env>-<algorithm>-<time>` folder name, so that every rank agrees on RUN_DIR."""
+    if name is None:
+        if config.run.name is not None:
+            return config
+        name = stem = (
             f"{config.env.id.replace(':', '_').replace('/', '_')}-{config.algorithm.name}-"
             f"{time.strftime('%Y%m%d-%H%M%S')}"
         )
-        path = Path(config.run.run_dir) / stem
         suffix = 1
-        while path.exists():  # two unnamed runs started within the same second
+        while (Path(config.run.run_dir) / name).exists():  # unnamed runs started together
             suffix += 1
-            path = Path(config.run.run_dir) / f"{stem}-{suffix}"
-    path.mkdir(parents=True, exist_ok=True)
-    return path
+            name = f"{stem}-{suffix}"
+    return dataclasses.replace(config, run=dataclasses.replace(config.run, name=name))
 
 
 def _check_run_dir(config: ExperimentConfig, resume: bool) -> None:
@@ -246,10 +255,19 @@ def _on_policy_plan(config: ExperimentConfig, topology: Topology, spaces) -> _Pl
     )
 
 
-def _replay_plan(config: ExperimentConfig, topology: Topology, spaces) -> _Plan:
+def _replay_plan(
+    config: ExperimentConfig,
+    topology: Topology,
+    spaces,
+    replay_source: tuple[int, int] | None = None,
+) -> _Plan:
+    """Replay mode; `replay_source` is the (checkpoint update, saved partition count) of the
+    saved partitions a resumed run loads back, if any."""
     from agentenv_jax.actor.policy import SquashedGaussianPolicy
     from agentenv_jax.actor.replay_loop import ReplayActor
     from agentenv_jax.buffers.replay import ReplayPartition
+    from agentenv_jax.checkpoint import replay_files
+    from agentenv_jax.checkpoint.store import CheckpointError
     from agentenv_jax.learner.replay_loop import ReplayLearner, sac_networks_for
     from agentenv_jax.networks.flat_params import FlatLayout
     from agentenv_jax.transport import messages
@@ -286,6 +304,23 @@ def _replay_plan(config: ExperimentConfig, topology: Topology, spaces) -> _Plan:
             gamma=algo.gamma,
             num_envs=topology.local_num_envs[index],
         )
+        run_dir = Path(config.run.run_dir) / str(config.run.name)  # used only when named
+        if replay_source is not None:
+            update, num_saved = replay_source
+            shares = replay_files.load_share(
+                run_dir, update, num_saved, index, topology.num_env_ranks
+            )
+            try:
+                partition.restore(shares)
+            except ValueError as err:
+                raise CheckpointError(
+                    f"saved replay partitions in {replay_files.replay_dir(run_dir, update)} "
+                    f"do not fit this run: {err}"
+                ) from err
+
+        def save_partition(update: int, snapshot: dict) -> None:
+            replay_files.save_partition(run_dir, update, index, topology.num_env_ranks, snapshot)
+
         return ReplayActor(
             vector_env,
             spaces,
@@ -298,8 +333,10 @@ def _replay_plan(config: ExperimentConfig, topology: Topology, spaces) -> _Plan:
             priority_spec,
             seed=config.run.seed,
             env_offset=offset,
-            random_steps=round(algo.learning_starts * share),
+            # A restored partition already holds experience: no uniform-random warm-up.
+            random_steps=0 if partition.size else round(algo.learning_starts * share),
             timeout_s=config.run.transport_timeout_s,
+            save_partition=save_partition if config.checkpoint.save_replay else None,
         )
 
     def mpi_actor_channel(world):
@@ -336,9 +373,14 @@ def _replay_plan(config: ExperimentConfig, topology: Topology, spaces) -> _Plan:
     )
 
 
-def _plan(config: ExperimentConfig, topology: Topology, spaces) -> _Plan:
+def _plan(
+    config: ExperimentConfig,
+    topology: Topology,
+    spaces,
+    replay_source: tuple[int, int] | None = None,
+) -> _Plan:
     if config.algorithm.name == "sac":
-        return _replay_plan(config, topology, spaces)
+        return _replay_plan(config, topology, spaces, replay_source)
     return _on_policy_plan(config, topology, spaces)
 
 
@@ -423,7 +465,8 @@ def format_summary(summary: dict[str, Any]) -> str:
         lines += [
             f" replay     produced {acc['produced']:,} = inserted {acc['inserted']:,} + pending "
             f"{acc['pending']:,} + dropped {acc['dropped']:,}",
-            f"            inserted = stored {acc['stored']:,} + overwritten {acc['overwritten']:,}",
+            f"            inserted {acc['inserted']:,} + restored {acc['restored']:,} = stored "
+            f"{acc['stored']:,} + overwritten {acc['overwritten']:,}",
             f"            sampled {acc['sampled']:,} = trained {acc['trained']:,} + prefetched "
             f"{acc['prefetched']:,}   ({ok})",
         ]
@@ -440,6 +483,22 @@ def _agree(world: Any, error: str | None) -> None:
         raise StartupError(f"rank {rank}: {message}")
 
 
+def _saved_replay(config: ExperimentConfig) -> tuple[int, int] | None:
+    """Where a resumed run's partitions come from (learner side; see `saved_replay_to_restore`),
+    with a note when `checkpoint.save_replay` is on but there is nothing whole to load."""
+    from agentenv_jax.learner.session import saved_replay_to_restore
+
+    source = saved_replay_to_restore(config, _run_dir(config))
+    if source is None and config.checkpoint.save_replay:
+        print(
+            "agentenv: note: the newest checkpoint has no complete saved replay set; "
+            "the partitions start empty",
+            file=sys.stderr,
+            flush=True,
+        )
+    return source
+
+
 def _describe(err: BaseException) -> str:
     if isinstance(err, ConfigError | ValueError):
         return str(err)
@@ -452,10 +511,12 @@ def run_single_process(config: ExperimentConfig, resume: bool = False) -> TrainR
 
     topology = make_topology(config, world_size=1, rank=0)
     _check_run_dir(config, resume)
+    config = _with_run_name(config)
+    replay_source = _saved_replay(config) if resume else None
     vector_env, spaces = _prepare_env_rank(config, topology)
     try:
         num_devices = _learner_devices(config)
-        plan = _plan(config, topology, spaces)
+        plan = _plan(config, topology, spaces, replay_source)
     except Exception:
         vector_env.close()
         raise
@@ -503,7 +564,7 @@ def run_mpi(config: ExperimentConfig, resume: bool = False) -> TrainResult:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
         signal.signal(signal.SIGINT, signal.SIG_IGN)
 
-    vector_env = spaces = None
+    vector_env = spaces = replay_source = None
     error = None
     try:
         if topology.is_env_rank:
@@ -511,20 +572,33 @@ def run_mpi(config: ExperimentConfig, resume: bool = False) -> TrainResult:
         else:
             num_devices = _learner_devices(config)
             _check_run_dir(config, resume)
+            config = _with_run_name(config)
             if resume:
-                check_resumable(config, Path(config.run.run_dir) / str(config.run.name))
+                check_resumable(config, _run_dir(config))
+                replay_source = _saved_replay(config)
     except Exception as err:
         error = _describe(err)
-    outcomes = world.allgather((error, spaces, os.getpid(), socket.gethostname()))
-    if any(o[0] is not None for o in outcomes) and vector_env is not None:
+    outcomes = world.allgather(
+        {
+            "error": error,
+            "spaces": spaces,
+            "pid": os.getpid(),
+            "host": socket.gethostname(),
+            "run_name": config.run.name,
+            "replay_source": replay_source,  # learner: saved partitions a resume loads back
+        }
+    )
+    if any(o["error"] is not None for o in outcomes) and vector_env is not None:
         vector_env.close()
-    failures = [(rank, o[0]) for rank, o in enumerate(outcomes) if o[0] is not None]
+    failures = [(rank, o["error"]) for rank, o in enumerate(outcomes) if o["error"] is not None]
     if failures:
         raise StartupError(f"rank {failures[0][0]}: {failures[0][1]}")
-    spaces = outcomes[topology.num_learner_ranks][1]
-    processes = {rank: {"pid": o[2], "host": o[3]} for rank, o in enumerate(outcomes)}
+    learner_outcome = outcomes[0]
+    config = _with_run_name(config, learner_outcome["run_name"])
+    spaces = outcomes[topology.num_learner_ranks]["spaces"]
+    processes = {rank: {"pid": o["pid"], "host": o["host"]} for rank, o in enumerate(outcomes)}
     world.watch_for_failed_ranks(processes)
-    plan = _plan(config, topology, spaces)
+    plan = _plan(config, topology, spaces, learner_outcome["replay_source"])
 
     # Second agreement: building the roles can fail too (a checkpoint that does not fit).
     started = time.perf_counter()

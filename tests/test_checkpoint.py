@@ -179,3 +179,112 @@ def test_a_new_run_refuses_an_existing_run_folder(tmp_path):
     assert again.returncode == 2
     assert "already holds a run" in again.stderr and "--resume" in again.stderr
     assert (tmp_path / "taken" / "metrics.jsonl").read_text() == before  # nothing appended
+
+
+@pytest.mark.slow
+def test_replay_partitions_saved_per_env_rank_restore_over_more_ranks(tmp_path):
+    """SAC with checkpoint.save_replay: 2 env ranks save their partitions with each checkpoint;
+    the run resumed with 3 env ranks loads every saved transition back and goes on learning at
+    once, where a refilled buffer would still be waiting for learning_starts."""
+    run_dir = tmp_path / "sac"
+    first = run_command(
+        [
+            mpiexec_path(),
+            "-n",
+            "3",
+            *agentenv_command(
+                "train",
+                str(EXPERIMENTS / "pendulum_sac.yaml"),
+                "--set",
+                f"run.run_dir={tmp_path}",
+                "--set",
+                "run.name=sac",
+                "--set",
+                "run.total_env_steps=1600",
+                "--set",
+                "algorithm.log_interval=50",
+                "--set",
+                "checkpoint.every_updates=250",
+                "--set",
+                "checkpoint.keep=2",
+                "--set",
+                "checkpoint.save_replay=true",
+            ),
+        ],
+        timeout=300,
+        cwd=REPO,
+    )
+    assert first.returncode == 0, first.stderr[-3000:]
+    saved = json.loads((run_dir / "summary.json").read_text())
+    stored = saved["accounting"]["stored"]
+    assert stored >= 1600 - 8  # nothing overwritten (capacity 100k); n-step 1: nothing pending
+    store = CheckpointStore(run_dir, keep=2)
+    steps = store.steps()
+    store.close()
+    assert steps[-1] == saved["updates"] and len(steps) == 2
+    # One set per kept checkpoint (the periodic ones and the final one); older sets pruned.
+    assert sorted(int(p.name) for p in (run_dir / "replay").iterdir()) == steps
+    assert sorted(p.name for p in (run_dir / "replay" / str(steps[-1])).iterdir()) == [
+        "partition-0-of-2.npz",
+        "partition-1-of-2.npz",
+    ]
+
+    resumed = run_command(
+        [
+            mpiexec_path(),
+            "-n",
+            "4",
+            *agentenv_command(
+                "train", "--resume", str(run_dir), "--set", "run.total_env_steps=2000"
+            ),
+        ],
+        timeout=300,
+        cwd=REPO,
+    )
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    final = json.loads((run_dir / "summary.json").read_text())
+    assert final["topology"].startswith("1 learner + 3 env rank(s)")
+    accounting = final["accounting"]
+    assert accounting["restored"] == stored and accounting["reconciles"], accounting
+    # About one update per new env step, from the first: no wait for 1000 new transitions.
+    assert final["updates"] - saved["updates"] >= 300
+    records = read_metrics(run_dir / "metrics.jsonl")
+    assert records[-1]["replay/restored"] == stored
+
+
+def test_replay_partition_saved_and_restored_in_one_process(tmp_path):
+    """The same round trip without a launcher (the in-process transport carries the word)."""
+    common = ["--set", "algorithm.log_interval=50", "--set", "run.progress=false"]
+    first = run_command(
+        agentenv_command(
+            "train",
+            str(EXPERIMENTS / "pendulum_sac.yaml"),
+            "--set",
+            f"run.run_dir={tmp_path}",
+            "--set",
+            "run.name=one",
+            "--set",
+            "run.total_env_steps=1200",
+            "--set",
+            "checkpoint.save_replay=true",
+            *common,
+        ),
+        timeout=300,
+        cwd=REPO,
+    )
+    assert first.returncode == 0, first.stderr[-3000:]
+    run_dir = tmp_path / "one"
+    saved = json.loads((run_dir / "summary.json").read_text())
+    assert (run_dir / "replay" / str(saved["updates"]) / "partition-0-of-1.npz").is_file()
+    resumed = run_command(
+        agentenv_command(
+            "train", "--resume", str(run_dir), "--set", "run.total_env_steps=1400", *common
+        ),
+        timeout=300,
+        cwd=REPO,
+    )
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    final = json.loads((run_dir / "summary.json").read_text())
+    assert final["accounting"]["restored"] == saved["accounting"]["stored"] > 1000
+    assert final["accounting"]["reconciles"]
+    assert final["updates"] - saved["updates"] >= 150

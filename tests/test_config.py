@@ -69,6 +69,10 @@ def test_overrides_parse_yaml_values():
             r"algorithm.gamma = \{.x.: 1\} is not allowed: expected a number",
         ),
         (["no_equals_sign"], r"expected key.path=value"),
+        (
+            ["checkpoint.save_replay=true"],
+            r"checkpoint.save_replay = True .* \(only 'sac' keeps a replay buffer\)",
+        ),
     ],
 )
 def test_bad_overrides_name_field_value_and_allowed(overrides, message):

@@ -99,3 +99,67 @@ def test_split_batch_is_multinomial_in_the_masses():
     counts = np.array([split_batch(64, np.array([1.0, 3.0, 0.0]), rng) for _ in range(2000)])
     assert np.all(counts.sum(1) == 64) and np.all(counts[:, 2] == 0)
     assert counts[:, 1].mean() == pytest.approx(48, rel=0.02)
+
+
+def test_snapshot_restore_round_trip_keeps_items_priorities_and_ring_order():
+    saved = make_partition(capacity=5)
+    insert_items(saved, 7)  # wrapped: items 2..6 stored, the oldest in slot 2
+    saved.update_priorities(np.array([3]), saved.generation[[3]], np.array([4.0]))  # item 3
+    snapshot = saved.snapshot()
+    np.testing.assert_array_equal(snapshot["reward"], [2, 3, 4, 5, 6])  # oldest first
+    restored = make_partition(capacity=5)
+    restored.restore([snapshot])
+    assert (restored.size, restored.counters.restored, restored.counters.inserted) == (5, 5, 0)
+    np.testing.assert_array_equal(restored.reward, [2, 3, 4, 5, 6])
+    np.testing.assert_allclose(restored.snapshot()["priority"], snapshot["priority"])
+    assert restored.mass == pytest.approx(saved.mass)
+    assert restored.max_priority == saved.max_priority
+    # New items overwrite the restored ones oldest first, and the accounting still closes.
+    insert_items(restored, 2, start=100)
+    np.testing.assert_array_equal(restored.reward, [100, 101, 4, 5, 6])
+    c = restored.counters
+    assert c.inserted + c.restored == restored.size + c.overwritten
+    with pytest.raises(ValueError, match="empty"):
+        restored.restore([snapshot])
+
+
+def test_restore_keeps_the_newest_items_that_fit_and_checks_shapes():
+    saved = make_partition(capacity=8, prioritized=False)
+    insert_items(saved, 6)
+    small = make_partition(capacity=4, prioritized=False)
+    small.restore([saved.snapshot()])
+    np.testing.assert_array_equal(small.reward, [2, 3, 4, 5])
+    other = ReplayPartition(
+        4, (3,), 1, prioritized=False, alpha=0.6, n_step=1, gamma=0.5, num_envs=1
+    )
+    with pytest.raises(ValueError, match="observations"):
+        other.restore([saved.snapshot()])
+
+
+def test_saved_partitions_spread_over_a_different_number_of_ranks(tmp_path):
+    from agentenv_jax.checkpoint import replay_files
+
+    saved = []
+    for index in range(2):
+        part = make_partition(capacity=6)
+        insert_items(part, 5, start=10 * index)
+        saved.append(part.snapshot())
+    replay_files.save_partition(tmp_path, 7, 0, 2, saved[0])
+    assert replay_files.complete_set(tmp_path, 7) is None  # partition 1 is still missing
+    replay_files.save_partition(tmp_path, 7, 1, 2, saved[1])
+    assert replay_files.complete_set(tmp_path, 7) == 2
+    # Same rank count: each rank takes its own partition back.
+    same = replay_files.load_share(tmp_path, 7, 2, 1, 2)
+    np.testing.assert_array_equal(same[0]["reward"], saved[1]["reward"])
+    # Three ranks: every item lands on exactly one of them.
+    rewards = []
+    for index in range(3):
+        part = make_partition(capacity=6)
+        part.restore(replay_files.load_share(tmp_path, 7, 2, index, 3))
+        rewards += part.reward[: part.size].tolist()
+    assert sorted(rewards) == sorted(np.concatenate([s["reward"] for s in saved]).tolist())
+    # Sets whose checkpoint orbax has dropped go; newer ones (still being written) stay.
+    replay_files.save_partition(tmp_path, 9, 0, 2, saved[0])
+    replay_files.save_partition(tmp_path, 3, 0, 2, saved[0])
+    replay_files.prune(tmp_path, {7})
+    assert sorted(p.name for p in (tmp_path / "replay").iterdir()) == ["7", "9"]

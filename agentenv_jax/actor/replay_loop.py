@@ -4,6 +4,7 @@ the learner's sample requests and priority updates between vector steps."""
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import Any
 
 import gymnasium as gym
@@ -42,6 +43,7 @@ class ReplayActor:
         env_offset: int,
         random_steps: int,
         timeout_s: float,
+        save_partition: Callable[[int, dict[str, np.ndarray]], Any] | None = None,
     ):
         self._env = vector_env
         self._policy = policy
@@ -55,6 +57,7 @@ class ReplayActor:
         self._num_envs = vector_env.num_envs
         self._random_steps = random_steps  # this rank's share of algorithm.learning_starts
         self._timeout_s = timeout_s
+        self._save_partition = save_partition  # (checkpoint update, snapshot) -> file
         self._next_step_mode = autoreset_mode(vector_env) == AutoresetMode.NEXT_STEP
         self._low = np.asarray(spaces.action_low, np.float32)
         self._high = np.asarray(spaces.action_high, np.float32)
@@ -118,8 +121,15 @@ class ReplayActor:
             self._channel.idle()
         return True
 
+    def _save(self, update: int | None) -> None:
+        """Save the partition for the learner's checkpoint `update` (`checkpoint.save_replay`)."""
+        if update is not None and self._save_partition is not None:
+            self._save_partition(update, self._partition.snapshot())
+
     def _serve(self, request: np.ndarray) -> None:
         fields = self._request_spec.views(request)
+        if fields["save_replay"][0]:
+            self._save(int(fields["save_replay_update"][0]))
         self._allowance = max(self._allowance, int(fields["insert_allowance"][0]))
         count = int(fields["count"][0])
         answer = self._answer_spec.views(self._answer)
@@ -142,6 +152,7 @@ class ReplayActor:
             "priority_updates": counters.priority_updates,
             "stale_priority_updates": counters.stale_priority_updates,
             "env_faults": self.env_faults,
+            "restored": counters.restored,
         }
         answer["counters"][:] = [values[name] for name in REPLAY_COUNTERS]
         answer["actor_seconds"][:] = self._seconds
@@ -200,11 +211,13 @@ class ReplayActor:
         self._obs = next_obs
 
     def finish(self) -> dict[str, Any]:
-        """Report this partition's accounting and close the envs."""
+        """Save the partition if the stop request asks, report its accounting, close the envs."""
+        self._save(self._channel.stop_details().get("save_replay_at"))
         counters = self._partition.counters
         report = {
             "produced": self.produced,
             "inserted": counters.inserted,
+            "restored": counters.restored,
             "overwritten": counters.overwritten,
             "stored": self._partition.size,
             "pending": self._partition.pending,

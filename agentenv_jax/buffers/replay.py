@@ -22,7 +22,8 @@ PRIORITY_EPS = 1e-6  # keeps every stored item sampleable after a zero TD error
 class ReplayCounters:
     """What happened to transitions in this partition."""
 
-    inserted: int = 0  # transitions written (every one gets a unique item id = its rank)
+    inserted: int = 0  # transitions written by this run's env steps
+    restored: int = 0  # transitions loaded from a saved partition when the run resumed
     overwritten: int = 0  # transitions evicted by the ring wrapping around
     sampled: int = 0  # rows handed out by `sample`
     priority_updates: int = 0  # new priorities applied
@@ -89,14 +90,15 @@ class ReplayPartition:
     ) -> None:
         """Write `k` transitions (arrays with leading axis k) at the ring's head."""
         count = len(reward)
-        slots = (self.counters.inserted + np.arange(count)) % self.capacity
+        head = self.counters.restored + self.counters.inserted
+        slots = (head + np.arange(count)) % self.capacity
         overwritten = int(np.sum(self.item_id[slots] >= 0))
         self.obs[slots] = obs
         self.action[slots] = action.reshape(count, -1)
         self.reward[slots] = reward
         self.next_obs[slots] = next_obs
         self.discount[slots] = discount
-        self.item_id[slots] = self.counters.inserted + np.arange(count)
+        self.item_id[slots] = head + np.arange(count)  # unique: the item's place in the ring
         self.generation[slots] += 1
         if self.prioritized:
             sum_tree.update(self.tree, slots, np.full(count, self.max_priority**self.alpha))
@@ -139,6 +141,55 @@ class ReplayPartition:
         if out:
             o, a, r, n, d = (np.asarray(x) for x in zip(*out, strict=True))
             self.insert(o, a, r.astype(np.float32), n, d.astype(np.float32))
+
+    def snapshot(self) -> dict[str, np.ndarray]:
+        """The stored transitions, oldest first, with their sampling priorities
+        (priority^alpha; ones when uniform) and `max_priority`: what `restore` takes back."""
+        head = self.counters.restored + self.counters.inserted
+        order = (head - self.size + np.arange(self.size)) % self.capacity
+        if self.prioritized:
+            priority = sum_tree.leaf_priorities(self.tree, order)
+        else:
+            priority = np.ones(self.size)
+        return {
+            "obs": self.obs[order],
+            "action": self.action[order],
+            "reward": self.reward[order],
+            "next_obs": self.next_obs[order],
+            "discount": self.discount[order],
+            "priority": priority,
+            "max_priority": np.float64(self.max_priority),
+        }
+
+    def restore(self, snapshots: list[dict[str, np.ndarray]]) -> None:
+        """Fill this (empty) partition from saved ones, concatenated in order; when they hold
+        more than `capacity`, the last `capacity` transitions are kept."""
+        if self.size or self.counters.inserted:
+            raise ValueError("restore needs an empty replay partition")
+        if not snapshots:
+            return
+        fields = {
+            name: np.concatenate([snap[name] for snap in snapshots])[-self.capacity :]
+            for name in ("obs", "action", "reward", "next_obs", "discount", "priority")
+        }
+        count = len(fields["reward"])
+        if fields["obs"].shape[1:] != self.obs.shape[1:] or (
+            fields["action"].shape[1:] != self.action.shape[1:]
+        ):
+            raise ValueError(
+                f"saved transitions have observations {fields['obs'].shape[1:]} and actions "
+                f"{fields['action'].shape[1:]}; this partition holds {self.obs.shape[1:]} and "
+                f"{self.action.shape[1:]}"
+            )
+        for name in ("obs", "action", "reward", "next_obs", "discount"):
+            getattr(self, name)[:count] = fields[name]
+        self.item_id[:count] = np.arange(count)
+        self.generation[:count] = 1
+        if self.prioritized:
+            sum_tree.update(self.tree, np.arange(count), fields["priority"])
+            self.max_priority = max(float(snap["max_priority"]) for snap in snapshots)
+        self.size = count
+        self.counters.restored = count
 
     def drop_pending(self, env: int) -> None:
         """Forget env `env`'s unfinished n-step window (its episode was cut by a fault)."""

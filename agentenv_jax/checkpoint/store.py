@@ -36,6 +36,10 @@ class CheckpointStore:
     def latest_step(self) -> int | None:
         return self._manager.latest_step()
 
+    def steps(self) -> list[int]:
+        """The steps of the checkpoints on disk, oldest first."""
+        return sorted(self._manager.all_steps())
+
     def seconds_since_save(self) -> float:
         return time.monotonic() - self._last_save
 

@@ -303,6 +303,7 @@ class CheckpointConfig:
     every_minutes: float = 10.0  # checkpoint when this long has passed since the last (0: never)
     keep: int = 3  # newest checkpoints kept on disk
     on_exit: bool = True  # checkpoint at the end of a run and on SIGTERM/SIGINT
+    save_replay: bool = False  # sac: env ranks save their replay partitions with each checkpoint
 
     def validate(self, prefix: str) -> None:
         _require(
@@ -344,6 +345,14 @@ class ExperimentConfig:
                 "algorithm.replay_capacity",
                 self.algorithm.replay_capacity,
                 f"at least env.global_num_envs ({self.env.global_num_envs})",
+            )
+        else:
+            _require(
+                not self.checkpoint.save_replay,
+                "checkpoint.save_replay",
+                True,
+                f"false with algorithm.name = {self.algorithm.name!r} (only 'sac' keeps a replay "
+                "buffer)",
             )
         if not isinstance(self.algorithm, PPOConfig):
             return

@@ -232,6 +232,9 @@ class Learner:
         """The current parameters as a host pytree."""
         return jax.device_get(self.state.params)
 
+    def checkpoint_saved(self, update: int) -> None:
+        """Nothing to add to a checkpoint: on-policy segments live for one update."""
+
     def checkpoint_meta(self) -> dict[str, Any]:
         """Everything besides `state` a resumed run needs to continue where this one is."""
         return {

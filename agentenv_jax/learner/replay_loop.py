@@ -52,17 +52,19 @@ def sac_networks_for(config: ExperimentConfig, spaces: EnvSpaces):
     )
 
 
-def insert_allowance(algo: SACConfig, sampled: int, global_num_envs: int) -> int:
+def insert_allowance(
+    algo: SACConfig, sampled: int, global_num_envs: int, learning_starts: int
+) -> int:
     """Transitions env ranks may have inserted in total, given how many the learner sampled."""
     slack = 2 * global_num_envs + math.ceil(algo.batch_size / algo.samples_per_insert)
-    return algo.learning_starts + math.ceil(sampled / algo.samples_per_insert) + slack
+    return learning_starts + math.ceil(sampled / algo.samples_per_insert) + slack
 
 
-def may_sample(algo: SACConfig, sampled: int, inserted: int) -> bool:
+def may_sample(algo: SACConfig, sampled: int, inserted: int, learning_starts: int) -> bool:
     """Whether one more batch keeps sampling within the samples-per-insert ratio."""
-    if inserted < algo.learning_starts:
+    if inserted < learning_starts:
         return False
-    return sampled <= algo.samples_per_insert * (inserted - algo.learning_starts) + 0.5
+    return sampled <= algo.samples_per_insert * (inserted - learning_starts) + 0.5
 
 
 class ReplayLearner:
@@ -155,6 +157,8 @@ class ReplayLearner:
         self._returns: collections.deque[float] = collections.deque(maxlen=config.run.return_window)
         self._lengths: collections.deque[int] = collections.deque(maxlen=config.run.return_window)
         self._env_steps_before = 0  # from the checkpoint a resumed run started at
+        self._save_replay_at: int | None = None  # checkpoint the partitions are to be saved for
+        self._heard_from_partitions = False
         self._trained_before = 0
         self.sampled = 0  # rows requested and received
         self.trained = 0  # rows consumed by updates
@@ -188,8 +192,8 @@ class ReplayLearner:
         return jax.device_get(self.state.actor_params)
 
     def checkpoint_meta(self) -> dict[str, Any]:
-        """Counters and windows to continue from; replay contents are not saved (a resumed run
-        refills its partitions before it samples again)."""
+        """Counters and windows to continue from. Replay contents are saved by the env ranks
+        themselves, if at all (`checkpoint_saved`)."""
         return {
             "updates": self.updates,
             "trained": self._trained_before + self.trained,
@@ -198,6 +202,16 @@ class ReplayLearner:
             "returns": list(self._returns),
             "lengths": list(self._lengths),
         }
+
+    def checkpoint_saved(self, update: int) -> None:
+        """Have every partition saved for checkpoint `update` (`checkpoint.save_replay`): the
+        next sample request, or the stop request if none follows, carries the word."""
+        self._save_replay_at = update
+
+    def _learning_starts(self) -> int:
+        """Transitions to insert before sampling: fewer by those restored from saved
+        partitions, which count toward the fill (but not toward the sample ratio)."""
+        return max(0, self._algo.learning_starts - self._counter("restored"))
 
     def restore(self, state: Any, meta: dict[str, Any]) -> None:
         """Continue from a checkpoint: learner state, counters and the env-step budget."""
@@ -222,14 +236,24 @@ class ReplayLearner:
 
     def _send_requests(self, counts: np.ndarray) -> None:
         self._request_id += 1
-        allowance = insert_allowance(
-            self._algo, self.sampled + int(counts.sum()), self._global_num_envs
-        )
+        # Until the partitions have answered once, nothing may be inserted: how much fill is
+        # still to come depends on how many transitions they restored.
+        allowance = 0
+        if self._heard_from_partitions:
+            allowance = insert_allowance(
+                self._algo,
+                self.sampled + int(counts.sum()),
+                self._global_num_envs,
+                self._learning_starts(),
+            )
+        save_at, self._save_replay_at = self._save_replay_at, None
         for i, message in enumerate(self._requests):
             fields = self._request_spec.views(message)
             fields["request_id"][0] = self._request_id
             fields["count"][0] = counts[i]
             fields["insert_allowance"][0] = math.ceil(allowance * self._env_share[i])
+            fields["save_replay"][0] = save_at is not None
+            fields["save_replay_update"][0] = save_at or 0
         self._requested = counts
         self._channel.send_requests(self._requests)
 
@@ -239,7 +263,7 @@ class ReplayLearner:
         if (
             budget_left
             and self._masses.sum() > 0
-            and may_sample(self._algo, self.sampled, inserted)
+            and may_sample(self._algo, self.sampled, inserted, self._learning_starts())
         ):
             return split_batch(self._algo.batch_size, self._masses, self._rng)
         return np.zeros(self._num_partitions, np.int64)
@@ -258,6 +282,7 @@ class ReplayLearner:
             self._returns.extend(answer["episode_return"][:reported].tolist())
             self._lengths.extend(answer["episode_length"][:reported].tolist())
             self.episodes += int(answer["num_episodes"][0])
+        self._heard_from_partitions = True
         counts = self._requested
         batch = None
         if counts.sum() > 0:
@@ -343,6 +368,7 @@ class ReplayLearner:
             "policy_lag_mean": 0.0,
             "replay/size": self._counter("size"),
             "replay/inserted": inserted,
+            "replay/restored": self._counter("restored"),
             "replay/sampled": self.sampled,
             "replay/samples_per_insert": self.sampled / max(inserted, 1),
             "replay/partition_mass": self._masses.tolist(),
@@ -358,7 +384,11 @@ class ReplayLearner:
         return record
 
     def request_stop(self) -> None:
-        self._channel.request_stop()
+        if self._save_replay_at is None:
+            self._channel.request_stop()
+        else:
+            self._channel.request_stop(save_replay_at=self._save_replay_at)
+            self._save_replay_at = None
 
     def finish(self) -> ReplayAccounting:
         reports = self._channel.collect_final_reports(self.config.run.transport_timeout_s)

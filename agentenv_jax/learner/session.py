@@ -16,6 +16,7 @@ from typing import Any
 import jax
 import numpy as np
 
+from agentenv_jax.checkpoint import replay_files
 from agentenv_jax.checkpoint.store import CheckpointError, CheckpointStore
 from agentenv_jax.config.loading import config_to_dict
 from agentenv_jax.config.schema import ExperimentConfig
@@ -73,6 +74,23 @@ def check_resumable(config: ExperimentConfig, run_dir: Path) -> None:
         store.close()
 
 
+def saved_replay_to_restore(config: ExperimentConfig, run_dir: Path) -> tuple[int, int] | None:
+    """The (checkpoint update, partition count) of the replay set a resumed run loads back: the
+    one saved with the newest checkpoint, if `checkpoint.save_replay` is on and every partition
+    of it is on disk."""
+    if not config.checkpoint.save_replay:
+        return None
+    store = CheckpointStore(run_dir, config.checkpoint.keep)
+    try:
+        update = store.latest_step()
+    finally:
+        store.close()
+    if update is None:
+        return None
+    count = replay_files.complete_set(run_dir, update)
+    return None if count is None else (update, count)
+
+
 class LearnerSession:
     """Drives `learner` (`start`, `run_once`, `done`, `updates`, `state`, `checkpoint_meta`,
     `restore`) and owns its checkpoints."""
@@ -80,7 +98,8 @@ class LearnerSession:
     def __init__(self, learner: Any, config: ExperimentConfig, run_dir: Path, resume: bool):
         self.learner = learner
         self.config = config
-        self._events = Path(run_dir) / "events.jsonl"
+        self._run_dir = Path(run_dir)
+        self._events = self._run_dir / "events.jsonl"
         self.store = CheckpointStore(run_dir, config.checkpoint.keep)
         self.interrupted = False
         self._signals_seen = 0
@@ -137,6 +156,9 @@ class LearnerSession:
         )
         self._last_saved_update = self.learner.updates
         self._event("checkpoint", state_checksum=state_checksum(self.learner.state))
+        if self.config.checkpoint.save_replay:
+            self.learner.checkpoint_saved(self.learner.updates)
+            replay_files.prune(self._run_dir, set(self.store.steps()))
 
     def close(self) -> None:
         """The final checkpoint (unless disabled or already written) and cleanup."""

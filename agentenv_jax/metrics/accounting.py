@@ -51,6 +51,7 @@ class ReplayAccounting:
 
     produced: int  # env steps taken by env ranks (valid rows)
     inserted: int  # transitions written into partitions
+    restored: int  # transitions loaded from saved partitions when the run resumed
     pending: int  # steps still waiting for their n-step return at shutdown
     dropped: int  # steps of n-step windows discarded because their episode faulted
     stored: int  # transitions held at shutdown
@@ -69,6 +70,7 @@ class ReplayAccounting:
             for key in (
                 "produced",
                 "inserted",
+                "restored",
                 "pending",
                 "dropped",
                 "stored",
@@ -84,7 +86,7 @@ class ReplayAccounting:
     def reconciles(self) -> bool:
         return (
             self.produced == self.inserted + self.pending + self.dropped
-            and self.inserted == self.stored + self.overwritten
+            and self.inserted + self.restored == self.stored + self.overwritten
             and self.received == self.trained
             and self.sampled == self.received + self.prefetched
             and self.prefetched >= 0

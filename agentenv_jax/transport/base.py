@@ -29,6 +29,9 @@ class ActorChannel(Protocol):
     def stop_requested(self) -> bool:
         """Whether the learner asked this rank to stop; never blocks."""
 
+    def stop_details(self) -> dict[str, Any]:
+        """What the stop request carried besides the stop (`save_replay_at`, say)."""
+
     def idle(self) -> None:
         """Nothing to do until the learner sends something: yield the core for a moment."""
 
@@ -54,8 +57,8 @@ class LearnerChannel(Protocol):
     def release_round(self) -> None:
         """Hand the last round's buffers back to the transport and grant a credit each."""
 
-    def request_stop(self) -> None:
-        """Tell every env rank to stop collecting."""
+    def request_stop(self, **details: Any) -> None:
+        """Tell every env rank to stop collecting (passing `details` along)."""
 
     def collect_final_reports(
         self, timeout_s: float

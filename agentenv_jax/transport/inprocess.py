@@ -24,6 +24,7 @@ class _Hub:
         self.params: np.ndarray | None = None
         self.params_serial = 0
         self.stop = False
+        self.stop_details: dict[str, Any] = {}
         self.reports: list[dict[str, Any]] = []
 
 
@@ -40,6 +41,9 @@ class _ActorEndBase:
 
     def stop_requested(self) -> bool:
         return self._hub.stop
+
+    def stop_details(self) -> dict[str, Any]:
+        return dict(self._hub.stop_details)
 
     def idle(self) -> None:
         raise TransportError(
@@ -61,8 +65,9 @@ class _LearnerEndBase:
         self._hub.params = message.copy()
         self._hub.params_serial += 1
 
-    def request_stop(self) -> None:
+    def request_stop(self, **details: Any) -> None:
         self._hub.stop = True
+        self._hub.stop_details = dict(details)
 
     def _final_reports(self) -> list[dict[str, Any]]:
         if len(self._hub.reports) != 1:

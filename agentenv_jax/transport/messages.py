@@ -45,16 +45,20 @@ REPLAY_COUNTERS = (
     "priority_updates",
     "stale_priority_updates",
     "env_faults",
+    "restored",
 )
 
 
 def sample_request_spec() -> MessageSpec:
-    """Learner -> partition: how many items to draw, and how many it may have inserted by now."""
+    """Learner -> partition: how many items to draw, how many it may have inserted by now, and
+    whether to save the partition (`save_replay` 1) for checkpoint `save_replay_update`."""
     return MessageSpec(
         [
             FieldSpec("request_id", (1,), np.int64),
             FieldSpec("count", (1,), np.int64),
             FieldSpec("insert_allowance", (1,), np.int64),
+            FieldSpec("save_replay", (1,), np.int64),
+            FieldSpec("save_replay_update", (1,), np.int64),
         ]
     )
 

@@ -242,6 +242,10 @@ class MPIActorChannel:
     def stop_requested(self) -> bool:
         return self._poll_stop()
 
+    def stop_details(self) -> dict[str, Any]:
+        """What the learner's stop request carried besides the stop itself."""
+        return dict(self._stop_message or {})
+
     def idle(self) -> None:
         _FAILED_RANKS.check()
         self._backoff.sleep()
@@ -536,8 +540,8 @@ class MPIReplayLearnerChannel:
             self._priority_bufs[index], dest=self._env_ranks[index], tag=TAG_PRIORITIES
         )
 
-    def request_stop(self) -> None:
-        stop = {"stop": True, "params_sent": self._params.sent}
+    def request_stop(self, **details: Any) -> None:
+        stop = {"stop": True, "params_sent": self._params.sent, **details}
         for rank in self._env_ranks:
             self._small_sends.append(self._comm.isend(stop, dest=rank, tag=TAG_CONTROL))
 
