@@ -67,6 +67,11 @@ def agentenv_command(*args: str) -> list[str]:
     return [sys.executable, "-m", "agentenv_jax.cli", *args]
 
 
+def settings(*overrides: str) -> list[str]:
+    """`--set` command-line arguments, one pair per `key.path=value`."""
+    return [arg for override in overrides for arg in ("--set", override)]
+
+
 @pytest.fixture
 def run_dir(tmp_path: Path) -> Path:
     return tmp_path / "runs"

@@ -20,11 +20,13 @@ from conftest import (
     agentenv_command,
     mpiexec_path,
     run_command,
+    settings,
     start_job,
     wait_for_updates,
 )
 
 CARTPOLE = str(EXPERIMENTS / "cartpole_ppo.yaml")
+SAC = str(EXPERIMENTS / "pendulum_sac.yaml")
 
 
 def test_store_round_trip_keeps_newest_and_ignores_unfinished_saves(tmp_path):
@@ -192,22 +194,14 @@ def test_replay_partitions_saved_per_env_rank_restore_over_more_ranks(tmp_path):
             mpiexec_path(),
             "-n",
             "3",
-            *agentenv_command(
-                "train",
-                str(EXPERIMENTS / "pendulum_sac.yaml"),
-                "--set",
+            *agentenv_command("train", SAC),
+            *settings(
                 f"run.run_dir={tmp_path}",
-                "--set",
                 "run.name=sac",
-                "--set",
                 "run.total_env_steps=1600",
-                "--set",
                 "algorithm.log_interval=50",
-                "--set",
                 "checkpoint.every_updates=250",
-                "--set",
                 "checkpoint.keep=2",
-                "--set",
                 "checkpoint.save_replay=true",
             ),
         ],
@@ -234,9 +228,8 @@ def test_replay_partitions_saved_per_env_rank_restore_over_more_ranks(tmp_path):
             mpiexec_path(),
             "-n",
             "4",
-            *agentenv_command(
-                "train", "--resume", str(run_dir), "--set", "run.total_env_steps=2000"
-            ),
+            *agentenv_command("train", "--resume", str(run_dir)),
+            *settings("run.total_env_steps=2000"),
         ],
         timeout=300,
         cwd=REPO,
@@ -254,21 +247,18 @@ def test_replay_partitions_saved_per_env_rank_restore_over_more_ranks(tmp_path):
 
 def test_replay_partition_saved_and_restored_in_one_process(tmp_path):
     """The same round trip without a launcher (the in-process transport carries the word)."""
-    common = ["--set", "algorithm.log_interval=50", "--set", "run.progress=false"]
+    quiet = settings("algorithm.log_interval=50", "run.progress=false")
     first = run_command(
-        agentenv_command(
-            "train",
-            str(EXPERIMENTS / "pendulum_sac.yaml"),
-            "--set",
-            f"run.run_dir={tmp_path}",
-            "--set",
-            "run.name=one",
-            "--set",
-            "run.total_env_steps=1200",
-            "--set",
-            "checkpoint.save_replay=true",
-            *common,
-        ),
+        [
+            *agentenv_command("train", SAC),
+            *settings(
+                f"run.run_dir={tmp_path}",
+                "run.name=one",
+                "run.total_env_steps=1200",
+                "checkpoint.save_replay=true",
+            ),
+            *quiet,
+        ],
         timeout=300,
         cwd=REPO,
     )
@@ -277,9 +267,11 @@ def test_replay_partition_saved_and_restored_in_one_process(tmp_path):
     saved = json.loads((run_dir / "summary.json").read_text())
     assert (run_dir / "replay" / str(saved["updates"]) / "partition-0-of-1.npz").is_file()
     resumed = run_command(
-        agentenv_command(
-            "train", "--resume", str(run_dir), "--set", "run.total_env_steps=1400", *common
-        ),
+        [
+            *agentenv_command("train", "--resume", str(run_dir)),
+            *settings("run.total_env_steps=1400"),
+            *quiet,
+        ],
         timeout=300,
         cwd=REPO,
     )

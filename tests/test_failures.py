@@ -20,6 +20,7 @@ from conftest import (
     agentenv_command,
     mpiexec_path,
     run_command,
+    settings,
     start_job,
     wait_for_updates,
 )
@@ -82,16 +83,11 @@ def test_killed_rank_is_named_and_the_checkpoint_restores(tmp_path, killed_rank)
             "-disable-auto-cleanup",
             "-n",
             "3",
-            *agentenv_command(
-                "train",
-                CARTPOLE,
-                "--set",
+            *agentenv_command("train", CARTPOLE),
+            *settings(
                 f"run.run_dir={tmp_path}",
-                "--set",
                 "run.name=kill",
-                "--set",
                 "checkpoint.every_updates=5",
-                "--set",
                 "run.transport_timeout_s=20",
             ),
         ]
