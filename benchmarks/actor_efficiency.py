@@ -3,7 +3,7 @@
 Both sides step the same kind of Gymnasium vector env with the same jit-compiled `ActorPolicy`:
 
 * **plain**: `policy.act(obs)` then `vector_env.step(action)`, nothing else;
-* **framework**: the real `agentenv_jax.actor.loop.Actor` (built like `launch._build_actor`),
+* **framework**: the real `agentenv_jax.actor.loop.Actor` (built like `roles.build_actor`),
   filling and shipping on-policy segments, with a minimal learner side that takes each segment
   (`receive_round`/`release_round`) and re-broadcasts the same parameters as version + 1 (no
   gradient update), so only the env rank's own cost is measured.
@@ -140,8 +140,8 @@ def make_setup(config_path: Path, vectorization: str, num_envs: int) -> EnvRankS
     from agentenv_jax.buffers.segment_queue import on_policy_segment_spec
     from agentenv_jax.config.loading import load_config
     from agentenv_jax.envs import normalization as norm
-    from agentenv_jax.launch import _network, _prepare_env_rank
     from agentenv_jax.networks import init_params
+    from agentenv_jax.roles import actor_critic_network, prepare_env_rank
     from agentenv_jax.transport.messages import param_message_spec
     from agentenv_jax.transport.topology import make_topology
 
@@ -154,9 +154,9 @@ def make_setup(config_path: Path, vectorization: str, num_envs: int) -> EnvRankS
         ],
     )
     topology = make_topology(config, world_size=1, rank=0)
-    probe, spaces = _prepare_env_rank(config, topology)
+    probe, spaces = prepare_env_rank(config, topology)
     probe.close()
-    module, _, layout = _network(config, spaces)
+    module, _, layout = actor_critic_network(config, spaces)
     # The same specs launch derives for an on-policy run with one env rank.
     segment_spec = on_policy_segment_spec(spaces, config.algorithm.rollout_length, num_envs)
     param_spec = param_message_spec(layout.num_params, spaces.obs_dim)
@@ -177,12 +177,12 @@ class PlainLoop:
     def __init__(self, setup: EnvRankSetup):
         from agentenv_jax.actor.policy import ActorPolicy
         from agentenv_jax.envs.factory import make_vector_env
-        from agentenv_jax.launch import _network
         from agentenv_jax.networks import action_distribution
+        from agentenv_jax.roles import actor_critic_network
 
         config, spaces, topology = setup.config, setup.spaces, setup.topology
-        _, apply_fn, layout = _network(config, spaces)
-        # Constructed exactly as launch._build_actor constructs the actor's policy.
+        _, apply_fn, layout = actor_critic_network(config, spaces)
+        # Constructed exactly as roles.build_actor constructs the actor's policy.
         self._policy = ActorPolicy(
             apply_fn,
             layout.unravel,
@@ -226,14 +226,14 @@ class InProcessFramework:
     """The real Actor over the in-process transport, fed by a learner that only echoes params."""
 
     def __init__(self, setup: EnvRankSetup):
-        from agentenv_jax.launch import _build_actor, _prepare_env_rank
+        from agentenv_jax.roles import build_actor, prepare_env_rank
         from agentenv_jax.transport.inprocess import InProcessTransport
 
         self._setup = setup
         config = setup.config
-        vector_env, spaces = _prepare_env_rank(config, setup.topology)
+        vector_env, spaces = prepare_env_rank(config, setup.topology)
         self._transport = InProcessTransport(config.topology.max_inflight_segments)
-        self._actor = _build_actor(
+        self._actor = build_actor(
             config,
             setup.topology,
             vector_env,
@@ -358,11 +358,11 @@ def mpi_worker(args: argparse.Namespace) -> None:
         raise SystemExit("the MPI variant needs exactly 2 ranks (mpiexec -n 2)")
     if world.Get_rank() == 1:
         from agentenv_jax.config.loading import load_config
-        from agentenv_jax.launch import _single_threaded_xla
+        from agentenv_jax.roles import single_threaded_xla
 
         # As launch.run_mpi does on env ranks, before the first XLA computation.
         if load_config(args.config).topology.single_threaded_env_ranks:
-            _single_threaded_xla()
+            single_threaded_xla()
     for vectorization in args.vectorizations:
         for num_envs in args.envs:
             # A fresh communicator per case: no stale credit or parameter message of an earlier
@@ -417,7 +417,7 @@ def _mpi_learner(comm: Any) -> None:
 def _mpi_env_rank(
     comm: Any, args: argparse.Namespace, vectorization: str, num_envs: int
 ) -> CaseResult:
-    from agentenv_jax.launch import _build_actor, _prepare_env_rank
+    from agentenv_jax.roles import build_actor, prepare_env_rank
     from agentenv_jax.transport.mpi import MPIActorChannel
 
     setup = make_setup(args.config, vectorization, num_envs)
@@ -438,9 +438,9 @@ def _mpi_env_rank(
         dest=0,
         tag=SETUP_TAG,
     )
-    vector_env, spaces = _prepare_env_rank(config, setup.topology)
+    vector_env, spaces = prepare_env_rank(config, setup.topology)
     channel = MPIActorChannel(comm, learner_rank=0, param_nbytes=setup.param_spec.nbytes)
-    actor = _build_actor(
+    actor = build_actor(
         config, setup.topology, vector_env, spaces, channel, setup.segment_spec, setup.param_spec
     )
     rollout_length = config.algorithm.rollout_length

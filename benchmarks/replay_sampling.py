@@ -5,7 +5,7 @@ Only the sampling path is measured; there is no gradient update. One `mpiexec -n
 partition count P (the script re-launches itself with `sys.executable`):
 
 * **env ranks 1..P**: the real `ReplayActor` over `MPIReplayActorChannel`, built by
-  `launch._replay_plan` from `experiments/pendulum_sac.yaml` (Pendulum-v1; `--envs` envs over
+  `roles.replay_plan` from `experiments/pendulum_sac.yaml` (Pendulum-v1; `--envs` envs over
   all ranks, default 6 so that 1, 2 and 3 ranks get equal shares; each rank holds its share of
   `--capacity`, default 50,000 in total, half the experiment's, to keep the prefill short),
   running its own loop (`while actor.run_once(): ...`). XLA is single-threaded there, as
@@ -287,12 +287,12 @@ def case_config(args: argparse.Namespace, prioritized: bool) -> Any:
 
 def env_rank(comm: Any, config: Any) -> None:
     """One partition: the real ReplayActor, running its own loop until told to stop."""
-    from agentenv_jax.launch import _prepare_env_rank, _replay_plan
+    from agentenv_jax.roles import prepare_env_rank, replay_plan
     from agentenv_jax.transport.topology import make_topology
 
     topology = make_topology(config, comm.Get_size(), comm.Get_rank())
-    vector_env, spaces = _prepare_env_rank(config, topology)
-    plan = _replay_plan(config, topology, spaces)
+    vector_env, spaces = prepare_env_rank(config, topology)
+    plan = replay_plan(config, topology, spaces)
     actor = plan.make_actor(
         vector_env, plan.make_mpi_actor_channel(types.SimpleNamespace(comm=comm))
     )
@@ -321,9 +321,9 @@ def learner_rank(comm: Any, config: Any, args: argparse.Namespace, mode: str) ->
     """Rank 0: prefill, then the frozen phase (interleaved with the baselines), then stepping."""
     import jax
 
-    from agentenv_jax.launch import _prepare_env_rank, _replay_plan
     from agentenv_jax.learner.replay_loop import sac_networks_for
     from agentenv_jax.networks.flat_params import FlatLayout
+    from agentenv_jax.roles import prepare_env_rank, replay_plan
     from agentenv_jax.transport import messages
     from agentenv_jax.transport.topology import make_topology
 
@@ -332,9 +332,9 @@ def learner_rank(comm: Any, config: Any, args: argparse.Namespace, mode: str) ->
     num_partitions = topology.num_env_ranks
     # The single-process topology: one buffer of the full capacity, for the baselines.
     local_topology = make_topology(config, 1, 0)
-    local_env, spaces = _prepare_env_rank(config, local_topology)
-    plan = _replay_plan(config, topology, spaces)
-    local_plan = _replay_plan(config, local_topology, spaces)
+    local_env, spaces = prepare_env_rank(config, local_topology)
+    plan = replay_plan(config, topology, spaces)
+    local_plan = replay_plan(config, local_topology, spaces)
     specs = types.SimpleNamespace(
         request=messages.sample_request_spec(),
         answer=messages.sample_answer_spec(algo.batch_size, spaces.obs_shape, spaces.action_size),
@@ -442,9 +442,9 @@ def worker(args: argparse.Namespace) -> None:
     if world.Get_size() < 2:
         raise SystemExit("replay_sampling workers need >= 2 ranks (mpiexec -n P+1)")
     if world.Get_rank() > 0:
-        from agentenv_jax.launch import _single_threaded_xla
+        from agentenv_jax.roles import single_threaded_xla
 
-        _single_threaded_xla()  # as launch.run_mpi does on env ranks
+        single_threaded_xla()  # as launch.run_mpi does on env ranks
     for mode in args.modes:
         comm = world.Dup()  # a fresh communicator per case: nothing left over can match
         config = case_config(args, mode == "prioritized")

@@ -19,7 +19,7 @@ from mpi4py import MPI
 
 from agentenv_jax.buffers.replay import split_batch
 from agentenv_jax.config import load_config
-from agentenv_jax.launch import _prepare_env_rank, _replay_plan
+from agentenv_jax.roles import prepare_env_rank, replay_plan
 from agentenv_jax.transport.messages import REPLAY_COUNTERS
 from agentenv_jax.transport.topology import make_topology
 
@@ -58,8 +58,8 @@ def main() -> None:
 def partition(config, topology, world) -> None:
     from agentenv_jax.transport.mpi import MPIWorld
 
-    vector_env, spaces = _prepare_env_rank(config, topology)
-    plan = _replay_plan(config, topology, spaces)
+    vector_env, spaces = prepare_env_rank(config, topology)
+    plan = replay_plan(config, topology, spaces)
     actor = plan.make_actor(vector_env, plan.make_mpi_actor_channel(MPIWorld()))
     store = actor._partition
     frozen = False
@@ -100,8 +100,8 @@ def learner(config, topology, world) -> None:
     from agentenv_jax.transport import messages
     from agentenv_jax.transport.mpi import MPIWorld
 
-    spaces = _prepare_env_rank(config, make_topology(config, 1, 0))[1]
-    plan = _replay_plan(config, topology, spaces)
+    spaces = prepare_env_rank(config, make_topology(config, 1, 0))[1]
+    plan = replay_plan(config, topology, spaces)
     channel = plan.make_mpi_learner_channel(MPIWorld())
     channel.broadcast_params(plan.param_spec.allocate())  # version 0: zero actor weights
     request_spec = messages.sample_request_spec()

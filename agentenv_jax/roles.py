@@ -1,0 +1,309 @@
+"""How an experiment's two roles are built: the env rank's vector env and actor, the learner's
+devices, and the plan that joins them over a transport (on-policy segment queues for PPO and
+IMPALA, replay partitions for SAC). `launch` drives these; benchmarks and test jobs build the
+same pieces to measure or probe them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from agentenv_jax.config.schema import ExperimentConfig
+from agentenv_jax.transport.topology import Topology
+
+
+def single_threaded_xla() -> None:
+    """Make XLA's CPU backend single-threaded in this process (an env rank).
+
+    Env ranks' inference calls are tiny; a multi-threaded Eigen pool per rank only oversubscribes
+    the cores that step the envs. XLA reads the flag when its backend starts, so this must run
+    before the first computation.
+    """
+    flags = os.environ.get("XLA_FLAGS", "")
+    if "--xla_cpu_multi_thread_eigen" not in flags:
+        os.environ["XLA_FLAGS"] = f"{flags} --xla_cpu_multi_thread_eigen=false".strip()
+
+
+def prepare_env_rank(config: ExperimentConfig, topology: Topology):
+    from agentenv_jax.envs.factory import EnvError, describe_spaces, make_vector_env
+
+    index = topology.env_rank_index
+    vector_env = make_vector_env(config.env, topology.local_num_envs[index])
+    try:
+        spaces = describe_spaces(
+            config.env.id, vector_env.single_observation_space, vector_env.single_action_space
+        )
+        if config.algorithm.name == "sac" and spaces.action_kind != "continuous":
+            raise EnvError(
+                f"env.id = {config.env.id!r} has action space "
+                f"{vector_env.single_action_space}: algorithm.name = 'sac' needs a Box action "
+                "space (use 'ppo' or 'impala' for discrete actions)"
+            )
+    except Exception:
+        vector_env.close()
+        raise
+    return vector_env, spaces
+
+
+def learner_devices(config: ExperimentConfig) -> int:
+    import jax
+
+    from agentenv_jax.learner.loop import minibatch_size
+    from agentenv_jax.parallel.mesh import choose_num_devices
+
+    if config.algorithm.name == "sac":
+        batch_sizes = [config.algorithm.batch_size]
+    else:
+        batch_sizes = [config.env.global_num_envs, minibatch_size(config)]
+    return choose_num_devices(
+        config.topology.learner_devices, len(jax.local_devices()), batch_sizes
+    )
+
+
+def build_actor(
+    config, topology, vector_env, spaces, channel, segment_spec, param_spec, network=None
+):
+    """An env rank's on-policy `Actor`; `network` is `actor_critic_network(config, spaces)`
+    when the caller already has it (tracing the parameter layout costs tens of ms)."""
+    from agentenv_jax.actor.loop import Actor
+    from agentenv_jax.actor.policy import ActorPolicy
+    from agentenv_jax.networks import action_distribution
+
+    _, apply_fn, layout = network or actor_critic_network(config, spaces)
+    # Sampling noise is seeded by (seed, global env offset): independent across env ranks.
+    policy = ActorPolicy(
+        apply_fn,
+        layout.unravel,
+        action_distribution(spaces.action_kind),
+        spaces.action_size,
+        spaces.action_shape,
+        [config.run.seed, topology.env_offsets[topology.env_rank_index]],
+    )
+    index = topology.env_rank_index
+    return Actor(
+        vector_env,
+        spaces,
+        policy,
+        channel,
+        segment_spec,
+        param_spec,
+        seed=config.run.seed,
+        env_offset=topology.env_offsets[index],
+        rollout_length=config.algorithm.rollout_length,
+        gamma=config.algorithm.gamma,
+        normalize_obs=config.env.normalize_obs,
+        normalize_reward=config.env.normalize_reward,
+        clip_obs=config.env.clip_obs,
+        clip_reward=config.env.clip_reward,
+        max_inflight_segments=config.topology.max_inflight_segments,
+        max_policy_lag=getattr(config.algorithm, "max_policy_lag", 0),
+        timeout_s=config.run.transport_timeout_s,
+    )
+
+
+def actor_critic_network(config: ExperimentConfig, spaces):
+    """The actor-critic module, its apply function and the layout of its flat parameters."""
+    import jax
+
+    from agentenv_jax.networks import actor_critic_for, init_params
+    from agentenv_jax.networks.flat_params import FlatLayout
+
+    module, apply_fn = actor_critic_for(config.network, spaces)
+    layout = FlatLayout.of(lambda: init_params(module, spaces.obs_shape, jax.random.key(0)))
+    return module, apply_fn, layout
+
+
+@dataclasses.dataclass
+class RolePlan:
+    """How an experiment's two roles are built and joined: the on-policy family (PPO, IMPALA:
+    segment queues) or the replay family (SAC: replay partitions). Both transports, in-process
+    and MPI, carry the same messages."""
+
+    param_spec: Any
+    make_actor: Callable[[Any, Any], Any]  # (vector_env, channel) -> actor
+    make_learner: Callable[..., Any]  # (channel, num_devices, writer, progress) -> learner
+    make_inprocess: Callable[[], Any]  # -> transport with .actor and .learner ends
+    make_mpi_actor_channel: Callable[[Any], Any]  # (MPIWorld) -> channel
+    make_mpi_learner_channel: Callable[[Any], Any]  # (MPIWorld) -> channel
+
+
+def on_policy_plan(config: ExperimentConfig, topology: Topology, spaces) -> RolePlan:
+    from agentenv_jax.buffers.segment_queue import on_policy_segment_spec
+    from agentenv_jax.learner.loop import Learner
+    from agentenv_jax.transport.inprocess import InProcessTransport
+    from agentenv_jax.transport.messages import param_message_spec
+
+    network = actor_critic_network(config, spaces)
+    num_params = network[2].num_params
+    segment_specs = [
+        on_policy_segment_spec(spaces, config.algorithm.rollout_length, n)
+        for n in topology.local_num_envs
+    ]
+    param_spec = param_message_spec(num_params, spaces.obs_dim)
+    inflight = config.topology.max_inflight_segments
+    env_ranks = [topology.env_rank_of(i) for i in range(topology.num_env_ranks)]
+
+    def mpi_actor_channel(world):
+        from agentenv_jax.transport.mpi import MPIActorChannel
+
+        return MPIActorChannel(world.comm, learner_rank=0, param_nbytes=param_spec.nbytes)
+
+    def mpi_learner_channel(world):
+        from agentenv_jax.transport.mpi import MPILearnerChannel
+
+        return MPILearnerChannel(
+            world.comm, env_ranks, [s.nbytes for s in segment_specs], inflight, param_spec.nbytes
+        )
+
+    return RolePlan(
+        param_spec,
+        lambda env, channel: build_actor(
+            config,
+            topology,
+            env,
+            spaces,
+            channel,
+            segment_specs[topology.env_rank_index],
+            param_spec,
+            network,
+        ),
+        lambda channel, devices, writer, progress: Learner(
+            config, spaces, channel, segment_specs, param_spec, devices, writer, progress
+        ),
+        lambda: InProcessTransport(inflight),
+        mpi_actor_channel,
+        mpi_learner_channel,
+    )
+
+
+def replay_plan(
+    config: ExperimentConfig,
+    topology: Topology,
+    spaces,
+    replay_source: tuple[int, int] | None = None,
+) -> RolePlan:
+    """Replay mode; `replay_source` is the (checkpoint update, saved partition count) of the
+    saved partitions a resumed run loads back, if any."""
+    from agentenv_jax.actor.policy import SquashedGaussianPolicy
+    from agentenv_jax.actor.replay_loop import ReplayActor
+    from agentenv_jax.buffers.replay import ReplayPartition
+    from agentenv_jax.checkpoint import replay_files
+    from agentenv_jax.checkpoint.store import CheckpointError
+    from agentenv_jax.learner.replay_loop import ReplayLearner, sac_networks_for
+    from agentenv_jax.networks.flat_params import FlatLayout
+    from agentenv_jax.transport import messages
+    from agentenv_jax.transport.inprocess import InProcessReplayTransport
+
+    algo = config.algorithm
+    networks = sac_networks_for(config, spaces)
+    import jax
+
+    actor_layout = FlatLayout.of(lambda: networks.init(jax.random.key(0))[0])
+    param_spec = messages.param_message_spec(actor_layout.num_params, spaces.obs_dim)
+    request_spec = messages.sample_request_spec()
+    answer_spec = messages.sample_answer_spec(algo.batch_size, spaces.obs_shape, spaces.action_size)
+    priority_spec = messages.priority_update_spec(algo.batch_size)
+    sizes = (param_spec.nbytes, request_spec.nbytes, answer_spec.nbytes, priority_spec.nbytes)
+    index = topology.env_rank_index
+    share = topology.local_num_envs[index] / topology.global_num_envs
+
+    def make_actor(vector_env, channel):
+        offset = topology.env_offsets[index]
+        policy = SquashedGaussianPolicy(
+            networks.actor_apply,
+            actor_layout.unravel,
+            spaces.action_size,
+            [config.run.seed, offset],
+        )
+        partition = ReplayPartition(
+            max(1, round(algo.replay_capacity * share)),
+            spaces.obs_shape,
+            spaces.action_size,
+            prioritized=algo.prioritized,
+            alpha=algo.priority_alpha,
+            n_step=algo.n_step,
+            gamma=algo.gamma,
+            num_envs=topology.local_num_envs[index],
+        )
+        run_dir = Path(config.run.run_dir) / str(config.run.name)  # used only when named
+        if replay_source is not None:
+            update, num_saved = replay_source
+            shares = replay_files.load_share(
+                run_dir, update, num_saved, index, topology.num_env_ranks
+            )
+            try:
+                partition.restore(shares)
+            except ValueError as err:
+                raise CheckpointError(
+                    f"saved replay partitions in {replay_files.replay_dir(run_dir, update)} "
+                    f"do not fit this run: {err}"
+                ) from err
+
+        def save_partition(update: int, snapshot: dict) -> None:
+            replay_files.save_partition(run_dir, update, index, topology.num_env_ranks, snapshot)
+
+        return ReplayActor(
+            vector_env,
+            spaces,
+            policy,
+            channel,
+            partition,
+            param_spec,
+            request_spec,
+            answer_spec,
+            priority_spec,
+            seed=config.run.seed,
+            env_offset=offset,
+            # A restored partition already holds experience: no uniform-random warm-up.
+            random_steps=0 if partition.size else round(algo.learning_starts * share),
+            timeout_s=config.run.transport_timeout_s,
+            save_partition=save_partition if config.checkpoint.save_replay else None,
+        )
+
+    def mpi_actor_channel(world):
+        from agentenv_jax.transport.mpi import MPIReplayActorChannel
+
+        return MPIReplayActorChannel(world.comm, 0, *sizes)
+
+    def mpi_learner_channel(world):
+        from agentenv_jax.transport.mpi import MPIReplayLearnerChannel
+
+        return MPIReplayLearnerChannel(
+            world.comm, [topology.env_rank_of(i) for i in range(topology.num_env_ranks)], *sizes
+        )
+
+    return RolePlan(
+        param_spec,
+        make_actor,
+        lambda channel, devices, writer, progress: ReplayLearner(
+            config,
+            spaces,
+            channel,
+            param_spec,
+            request_spec,
+            answer_spec,
+            priority_spec,
+            topology.local_num_envs,
+            devices,
+            writer,
+            progress,
+        ),
+        InProcessReplayTransport,
+        mpi_actor_channel,
+        mpi_learner_channel,
+    )
+
+
+def plan_for(
+    config: ExperimentConfig,
+    topology: Topology,
+    spaces,
+    replay_source: tuple[int, int] | None = None,
+) -> RolePlan:
+    if config.algorithm.name == "sac":
+        return replay_plan(config, topology, spaces, replay_source)
+    return on_policy_plan(config, topology, spaces)
