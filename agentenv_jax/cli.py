@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from agentenv_jax import supervisor
 from agentenv_jax.config.errors import ConfigError
 
 
@@ -57,25 +58,23 @@ def resume_config(run_dir: str, config_path: str | None, overrides: list[str]):
 
 
 def _rank_prefix() -> str:
-    import os
-
-    for name in ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK"):
-        if name in os.environ:
-            return f"rank {os.environ[name]}: "
-    return ""
+    rank = supervisor.launcher_rank()
+    return "" if rank is None else f"rank {rank}: "
 
 
 def _is_lead_rank() -> bool:
-    import os
-
-    for name in ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK"):
-        if name in os.environ:
-            return os.environ[name] == "0"
-    return True
+    return supervisor.launcher_rank() in (None, "0")
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
     args = _parser().parse_args(argv)
+    if args.command == "train":
+        from agentenv_jax.launch import launched_by_mpi
+
+        if launched_by_mpi() and not supervisor.is_rank_process():
+            return supervisor.supervise(argv)
+        supervisor.die_with_supervisor()
     if args.command == "config-reference":
         from agentenv_jax.config.reference import config_reference
 

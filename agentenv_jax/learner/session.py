@@ -2,7 +2,8 @@
 
 SIGTERM (Slurm preemption) and SIGINT (Ctrl-C) only set a flag; the loop stops collecting at the
 next update boundary, writes a final checkpoint and returns normally, so every rank shuts down
-through the same stop protocol as a finished run. A second signal interrupts at once.
+through the same stop protocol as a finished run. A second signal, more than a second later,
+interrupts at once.
 """
 
 from __future__ import annotations
@@ -24,6 +25,8 @@ from agentenv_jax.config.schema import ExperimentConfig
 # Sections of the config a checkpoint's learner state depends on: a resumed run may change
 # budgets, topology, logging and checkpoint cadence, but not these.
 _STATE_DEFINING = ("env.id", "network", "algorithm.name")
+# Stop signals this close together are one request (a second one later interrupts at once).
+_SAME_REQUEST_S = 1.0
 
 
 def _lookup(config: dict[str, Any], dotted: str) -> Any:
@@ -102,7 +105,7 @@ class LearnerSession:
         self._events = self._run_dir / "events.jsonl"
         self.store = CheckpointStore(run_dir, config.checkpoint.keep)
         self.interrupted = False
-        self._signals_seen = 0
+        self._first_signal_at: float | None = None
         self._previous_handlers: dict[int, Any] = {}
         self._last_saved_update = -1
         if resume:
@@ -123,10 +126,14 @@ class LearnerSession:
         self._event("start", processes={str(rank): info for rank, info in processes.items()})
 
     def _on_signal(self, signum: int, frame: Any) -> None:
-        self._signals_seen += 1
-        if self._signals_seen > 1:
+        # One request can arrive twice: from the rank's supervisor and, under Slurm, which
+        # signals every process of a job step, directly. Only a later signal means "now".
+        now = time.monotonic()
+        if self._first_signal_at is None:
+            self._first_signal_at = now
+            self.interrupted = True
+        elif now - self._first_signal_at > _SAME_REQUEST_S:
             raise KeyboardInterrupt
-        self.interrupted = True
 
     def install_signal_handlers(self) -> None:
         for sig in (signal.SIGTERM, signal.SIGINT):
