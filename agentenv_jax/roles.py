@@ -64,18 +64,16 @@ def learner_devices(config: ExperimentConfig) -> int:
     )
 
 
-def build_actor(
-    config, topology, vector_env, spaces, channel, segment_spec, param_spec, network=None
-):
-    """An env rank's on-policy `Actor`; `network` is `actor_critic_network(config, spaces)`
-    when the caller already has it (tracing the parameter layout costs tens of ms)."""
-    from agentenv_jax.actor.loop import Actor
+def build_actor_policy(config, topology, spaces, network=None):
+    """The jitted actor-critic policy an env rank acts with; `network` is
+    `actor_critic_network(config, spaces)` when the caller already has it (tracing the
+    parameter layout costs tens of ms)."""
     from agentenv_jax.actor.policy import ActorPolicy
     from agentenv_jax.networks import action_distribution
 
     _, apply_fn, layout = network or actor_critic_network(config, spaces)
     # Sampling noise is seeded by (seed, global env offset): independent across env ranks.
-    policy = ActorPolicy(
+    return ActorPolicy(
         apply_fn,
         layout.unravel,
         action_distribution(spaces.action_kind),
@@ -83,6 +81,15 @@ def build_actor(
         spaces.action_shape,
         [config.run.seed, topology.env_offsets[topology.env_rank_index]],
     )
+
+
+def build_actor(
+    config, topology, vector_env, spaces, channel, segment_spec, param_spec, network=None
+):
+    """An env rank's on-policy `Actor` (`network` as for `build_actor_policy`)."""
+    from agentenv_jax.actor.loop import Actor
+
+    policy = build_actor_policy(config, topology, spaces, network)
     index = topology.env_rank_index
     return Actor(
         vector_env,

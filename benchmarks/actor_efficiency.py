@@ -175,22 +175,11 @@ class PlainLoop:
     """`policy.act` + `vector_env.step` and nothing else (the same policy class and env)."""
 
     def __init__(self, setup: EnvRankSetup):
-        from agentenv_jax.actor.policy import ActorPolicy
         from agentenv_jax.envs.factory import make_vector_env
-        from agentenv_jax.networks import action_distribution
-        from agentenv_jax.roles import actor_critic_network
+        from agentenv_jax.roles import build_actor_policy
 
         config, spaces, topology = setup.config, setup.spaces, setup.topology
-        _, apply_fn, layout = actor_critic_network(config, spaces)
-        # Constructed exactly as roles.build_actor constructs the actor's policy.
-        self._policy = ActorPolicy(
-            apply_fn,
-            layout.unravel,
-            action_distribution(spaces.action_kind),
-            spaces.action_size,
-            spaces.action_shape,
-            [config.run.seed, topology.env_offsets[topology.env_rank_index]],
-        )
+        self._policy = build_actor_policy(config, topology, spaces)  # as the actor's own
         self._policy.set_params(setup.param_spec.views(setup.param_message)["params"])
         self._env = make_vector_env(config.env, topology.local_num_envs[0])
         self._continuous = spaces.action_kind == "continuous"
