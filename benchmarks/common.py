@@ -1,11 +1,18 @@
-"""Helpers the benchmark scripts share: finding `mpiexec` and launching jobs outside a launcher."""
+"""Helpers the benchmark scripts share: finding `mpiexec`, launching jobs outside a launcher,
+reading their results, and the per-seed report's arithmetic."""
 
 from __future__ import annotations
 
+import json
+import math
 import os
 import shutil
+import statistics
+import subprocess
 import sys
+import time
 from pathlib import Path
+from typing import Any
 
 
 def find_mpiexec() -> str | None:
@@ -17,3 +24,53 @@ def find_mpiexec() -> str | None:
 def clean_env() -> dict[str, str]:
     """This environment without an outer MPI launcher's variables."""
     return {k: v for k, v in os.environ.items() if not k.startswith(("PMI_", "OMPI_", "PMIX_"))}
+
+
+def run_worker(
+    script: str, worker_args: list[str], result_prefix: str, label: str, timeout: float
+) -> dict[str, Any]:
+    """Run `python script --worker ...` in a fresh interpreter (so every run pays its own
+    imports and compiles) and return the JSON it prints after `result_prefix`."""
+    command = [sys.executable, str(Path(script).resolve()), "--worker", *worker_args]
+    done = subprocess.run(command, capture_output=True, text=True, env=clean_env(), timeout=timeout)
+    if done.returncode != 0:
+        raise SystemExit(f"{label} failed (exit {done.returncode}):\n{done.stderr}")
+    for line in done.stdout.splitlines():
+        if line.startswith(result_prefix):
+            return json.loads(line[len(result_prefix) :])
+    raise SystemExit(f"{label} printed no result:\n{done.stdout}\n{done.stderr}")
+
+
+def run_agentenv_mpi(
+    ranks: int, config: Path, overrides: list[str], label: str, timeout: float
+) -> float:
+    """`mpiexec -n ranks agentenv train config --set ...`; the job's wall-clock seconds."""
+    mpiexec = find_mpiexec()
+    if mpiexec is None:
+        raise SystemExit("mpiexec not found: install the mpich wheel (pip install mpich)")
+    command = [mpiexec, "-n", str(ranks), sys.executable, "-m", "agentenv_jax.cli"]
+    command += ["train", str(config)]
+    for override in overrides:
+        command += ["--set", override]
+    started = time.perf_counter()
+    done = subprocess.run(command, capture_output=True, text=True, env=clean_env(), timeout=timeout)
+    if done.returncode != 0:
+        raise SystemExit(f"{label} failed (exit {done.returncode}):\n{done.stderr}")
+    return time.perf_counter() - started
+
+
+def median(values: list[float]) -> float:
+    return statistics.median(values) if values else math.nan
+
+
+def time_to_solve(run: dict[str, Any]) -> float:
+    """A run's seconds to the threshold; infinite when it never got there."""
+    return run["wall_s"] if run["solved"] else math.inf
+
+
+def steps_to_solve(run: dict[str, Any]) -> float:
+    return run["env_steps"] if run["solved"] else math.inf
+
+
+def format_solved(value: float, spec: str) -> str:
+    return "unsolved" if math.isinf(value) else format(value, spec)

@@ -39,15 +39,20 @@ import json
 import math
 import os
 import shutil
-import statistics
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
-from common import clean_env, find_mpiexec
+from common import (
+    format_solved,
+    median,
+    run_agentenv_mpi,
+    run_worker,
+    steps_to_solve,
+    time_to_solve,
+)
 
 REPO = Path(__file__).resolve().parent.parent
 DEFAULT_CONFIG = REPO / "experiments" / "pendulum_sac.yaml"
@@ -117,63 +122,23 @@ def one_process_worker(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def run_one_process(args: argparse.Namespace, seed: int, run_dir: Path) -> dict[str, Any]:
-    command = [
-        sys.executable,
-        str(Path(__file__).resolve()),
-        "--worker",
-        "--seed",
-        str(seed),
-        "--config",
-        str(args.config),
-        "--max-steps",
-        str(args.max_steps),
-        "--run-dir",
-        str(run_dir),
-    ]
-    done = subprocess.run(
-        command, capture_output=True, text=True, env=clean_env(), timeout=args.timeout
+    worker_args = ["--seed", str(seed), "--config", str(args.config)]
+    worker_args += ["--max-steps", str(args.max_steps), "--run-dir", str(run_dir)]
+    return run_worker(
+        __file__, worker_args, RESULT_PREFIX, f"one-process seed {seed}", args.timeout
     )
-    if done.returncode != 0:
-        raise SystemExit(f"one-process seed {seed} failed (exit {done.returncode}):\n{done.stderr}")
-    for line in done.stdout.splitlines():
-        if line.startswith(RESULT_PREFIX):
-            return json.loads(line[len(RESULT_PREFIX) :])
-    raise SystemExit(f"one-process seed {seed} printed no result:\n{done.stdout}\n{done.stderr}")
 
 
 def run_mpi(args: argparse.Namespace, seed: int, run_dir: Path) -> dict[str, Any]:
-    mpiexec = find_mpiexec()
-    if mpiexec is None:
-        raise SystemExit("mpiexec not found: install the mpich wheel (pip install mpich)")
     name = f"mpi-seed{seed}"
-    command = [mpiexec, "-n", str(args.mpi_ranks), sys.executable, "-m", "agentenv_jax.cli"]
-    command += ["train", str(args.config)]
-    for override in overrides(args, seed, run_dir, name):
-        command += ["--set", override]
-    started = time.perf_counter()
-    done = subprocess.run(
-        command, capture_output=True, text=True, env=clean_env(), timeout=args.timeout
+    job_s = run_agentenv_mpi(
+        args.mpi_ranks,
+        args.config,
+        overrides(args, seed, run_dir, name),
+        f"mpiexec seed {seed}",
+        args.timeout,
     )
-    job_s = time.perf_counter() - started
-    if done.returncode != 0:
-        raise SystemExit(f"mpiexec seed {seed} failed (exit {done.returncode}):\n{done.stderr}")
     return read_run(run_dir / name) | {"job_s": job_s}
-
-
-def _time(run: dict[str, Any]) -> float:
-    return run["wall_s"] if run["solved"] else math.inf
-
-
-def _steps(run: dict[str, Any]) -> float:
-    return run["env_steps"] if run["solved"] else math.inf
-
-
-def _fmt(value: float, spec: str) -> str:
-    return "unsolved" if math.isinf(value) else format(value, spec)
-
-
-def _median(values: list[float]) -> float:
-    return statistics.median(values) if values else math.nan
 
 
 def print_report(runs: dict[str, list[dict[str, Any]]], seeds: list[int]) -> None:
@@ -183,7 +148,9 @@ def print_report(runs: dict[str, list[dict[str, Any]]], seeds: list[int]) -> Non
     print("-" * len(header))
     for side, side_runs in runs.items():
         cells = "".join(
-            f" | {_fmt(_time(r), '8.1f'):>8} {_fmt(_steps(r), ',.0f'):>10}" for r in side_runs
+            f" | {format_solved(time_to_solve(r), '8.1f'):>8} "
+            f"{format_solved(steps_to_solve(r), ',.0f'):>10}"
+            for r in side_runs
         )
         print(f"{LABELS[side]:<34}{cells}")
         extra, key = (
@@ -212,9 +179,9 @@ def print_report(runs: dict[str, list[dict[str, Any]]], seeds: list[int]) -> Non
     print("-" * len(header))
     medians = {
         side: (
-            _median([_time(r) for r in rs]),
-            _median([_steps(r) for r in rs]),
-            _median([1e3 * r["wall_s"] / max(r["env_steps"], 1) for r in rs]),
+            median([time_to_solve(r) for r in rs]),
+            median([steps_to_solve(r) for r in rs]),
+            median([1e3 * r["wall_s"] / max(r["env_steps"], 1) for r in rs]),
         )
         for side, rs in runs.items()
     }
@@ -223,7 +190,8 @@ def print_report(runs: dict[str, list[dict[str, Any]]], seeds: list[int]) -> Non
         solved = sum(r["solved"] for r in side_runs)
         line = (
             f"{LABELS[side]:<34} | {solved:>2}/{len(side_runs):<3} | "
-            f"{_fmt(med_time, '8.1f'):>8} {_fmt(med_steps, ',.0f'):>12} | {per_step:>7.2f} |"
+            f"{format_solved(med_time, '8.1f'):>8} {format_solved(med_steps, ',.0f'):>12} | "
+            f"{per_step:>7.2f} |"
         )
         if side == "mpi" and "one-process" in medians:
             base_time, base_steps, base_per_step = medians["one-process"]

@@ -43,14 +43,20 @@ import math
 import os
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
-from common import clean_env, find_mpiexec
+from common import (
+    format_solved,
+    median,
+    run_agentenv_mpi,
+    run_worker,
+    steps_to_solve,
+    time_to_solve,
+)
 
 REPO = Path(__file__).resolve().parent.parent
 DEFAULT_CONFIG = REPO / "experiments" / "cartpole_ppo.yaml"
@@ -181,48 +187,21 @@ def sb3_worker(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _run_worker(args: argparse.Namespace, side: str, seed: int, run_dir: Path) -> dict[str, Any]:
-    command = [
-        sys.executable,
-        str(Path(__file__).resolve()),
-        "--worker",
-        side,
-        "--seed",
-        str(seed),
-        "--config",
-        str(args.config),
-        "--max-steps",
-        str(args.max_steps),
-        "--run-dir",
-        str(run_dir),
-    ]
-    command += ["--torch-threads", str(args.torch_threads)]
-    done = subprocess.run(
-        command, capture_output=True, text=True, env=clean_env(), timeout=args.timeout
-    )
-    if done.returncode != 0:
-        raise SystemExit(f"{side} seed {seed} failed (exit {done.returncode}):\n{done.stderr}")
-    for line in done.stdout.splitlines():
-        if line.startswith(RESULT_PREFIX):
-            return json.loads(line[len(RESULT_PREFIX) :])
-    raise SystemExit(f"{side} seed {seed} printed no result:\n{done.stdout}\n{done.stderr}")
+    worker_args = [side, "--seed", str(seed), "--config", str(args.config)]
+    worker_args += ["--max-steps", str(args.max_steps), "--run-dir", str(run_dir)]
+    worker_args += ["--torch-threads", str(args.torch_threads)]
+    return run_worker(__file__, worker_args, RESULT_PREFIX, f"{side} seed {seed}", args.timeout)
 
 
 def _run_mpi(args: argparse.Namespace, seed: int, run_dir: Path) -> dict[str, Any]:
-    mpiexec = find_mpiexec()
-    if mpiexec is None:
-        raise SystemExit("mpiexec not found: install the mpich wheel, or drop agentenv-mpi")
     name = f"mpi-seed{seed}"
-    command = [mpiexec, "-n", str(args.mpi_ranks), sys.executable, "-m", "agentenv_jax.cli"]
-    command += ["train", str(args.config)]
-    for override in agentenv_overrides(args, seed, run_dir, name):
-        command += ["--set", override]
-    started = time.perf_counter()
-    done = subprocess.run(
-        command, capture_output=True, text=True, env=clean_env(), timeout=args.timeout
+    job_s = run_agentenv_mpi(
+        args.mpi_ranks,
+        args.config,
+        agentenv_overrides(args, seed, run_dir, name),
+        f"mpiexec seed {seed}",
+        args.timeout,
     )
-    job_s = time.perf_counter() - started
-    if done.returncode != 0:
-        raise SystemExit(f"mpiexec seed {seed} failed (exit {done.returncode}):\n{done.stderr}")
     summary = json.loads((run_dir / name / "summary.json").read_text())
     mean_return = summary["episode_return_mean"]
     return {
@@ -237,22 +216,6 @@ def _run_mpi(args: argparse.Namespace, seed: int, run_dir: Path) -> dict[str, An
     }
 
 
-def _median(values: list[float]) -> float:
-    return statistics.median(values) if values else math.nan
-
-
-def _time(run: dict[str, Any]) -> float:
-    return run["wall_s"] if run["solved"] else math.inf
-
-
-def _steps(run: dict[str, Any]) -> float:
-    return run["env_steps"] if run["solved"] else math.inf
-
-
-def _fmt(value: float, spec: str) -> str:
-    return "unsolved" if math.isinf(value) else format(value, spec)
-
-
 def print_report(runs: dict[str, list[dict[str, Any]]], seeds: list[int]) -> None:
     labels = {
         "agentenv": "agentenv 1 process (train() call)",
@@ -265,7 +228,9 @@ def print_report(runs: dict[str, list[dict[str, Any]]], seeds: list[int]) -> Non
     print("-" * len(header))
     for side, side_runs in runs.items():
         cells = "".join(
-            f" | {_fmt(_time(r), '6.1f'):>8} {_fmt(_steps(r), ',.0f'):>8}" for r in side_runs
+            f" | {format_solved(time_to_solve(r), '6.1f'):>8} "
+            f"{format_solved(steps_to_solve(r), ',.0f'):>8}"
+            for r in side_runs
         )
         print(f"{labels[side]:<40}{cells}")
         if side == "agentenv-mpi":
@@ -287,15 +252,15 @@ def print_report(runs: dict[str, list[dict[str, Any]]], seeds: list[int]) -> Non
     print(header)
     print("-" * len(header))
     sb3 = runs.get("sb3")
-    sb3_time = _median([_time(r) for r in sb3]) if sb3 else math.nan
-    sb3_steps = _median([_steps(r) for r in sb3]) if sb3 else math.nan
+    sb3_time = median([time_to_solve(r) for r in sb3]) if sb3 else math.nan
+    sb3_steps = median([steps_to_solve(r) for r in sb3]) if sb3 else math.nan
     for side, side_runs in runs.items():
-        med_time = _median([_time(r) for r in side_runs])
-        med_steps = _median([_steps(r) for r in side_runs])
+        med_time = median([time_to_solve(r) for r in side_runs])
+        med_steps = median([steps_to_solve(r) for r in side_runs])
         solved = sum(r["solved"] for r in side_runs)
         line = (
             f"{labels[side]:<40} | {solved:>2}/{len(side_runs):<3} | "
-            f"{_fmt(med_time, '8.1f'):>8} {_fmt(med_steps, ',.0f'):>12} |"
+            f"{format_solved(med_time, '8.1f'):>8} {format_solved(med_steps, ',.0f'):>12} |"
         )
         if side != "sb3" and sb3:
             time_ratio, steps_ratio = med_time / sb3_time, med_steps / sb3_steps
