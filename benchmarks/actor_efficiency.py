@@ -31,16 +31,14 @@ import dataclasses
 import json
 import os
 import statistics
-import subprocess
 import sys
 import time
-import traceback
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-from common import find_mpiexec
+from common import find_mpiexec, run_rank_or_abort, run_script_under_mpiexec
 
 REPO = Path(__file__).resolve().parent.parent
 DEFAULT_CONFIG = REPO / "experiments" / "cartpole_ppo.yaml"
@@ -365,18 +363,6 @@ def mpi_worker(args: argparse.Namespace) -> None:
             comm.Free()
 
 
-def run_mpi_worker(args: argparse.Namespace) -> None:
-    """`mpi_worker`, aborting the whole job on an error so that no rank waits forever."""
-    try:
-        mpi_worker(args)
-    except BaseException:
-        from mpi4py import MPI
-
-        traceback.print_exc()
-        sys.stderr.flush()
-        MPI.COMM_WORLD.Abort(1)
-
-
 def _mpi_learner(comm: Any) -> None:
     from agentenv_jax.transport.mpi import MPILearnerChannel
 
@@ -452,16 +438,10 @@ def _mpi_env_rank(
 
 
 def run_mpi_cases(args: argparse.Namespace) -> list[CaseResult]:
-    mpiexec = find_mpiexec()
-    if mpiexec is None:
+    if find_mpiexec() is None:
         print("mpiexec not found: skipping the MPI variant", file=sys.stderr)
         return []
-    command = [
-        mpiexec,
-        "-n",
-        "2",
-        sys.executable,
-        str(Path(__file__).resolve()),
+    worker_args = [
         "--mpi-worker",
         "--config",
         str(args.config),
@@ -476,18 +456,8 @@ def run_mpi_cases(args: argparse.Namespace) -> list[CaseResult]:
         "--envs",
         *map(str, args.envs),
     ]
-    # Under mpiexec the ranks must not think they were launched by an outer job.
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("PMI_", "OMPI_", "PMIX_"))}
-    done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=args.timeout)
-    if done.returncode != 0:
-        raise RuntimeError(
-            f"MPI variant failed (exit {done.returncode}):\n{done.stdout}\n{done.stderr}"
-        )
-    return [
-        CaseResult.from_dict(json.loads(line[len(RESULT_PREFIX) :]))
-        for line in done.stdout.splitlines()
-        if line.startswith(RESULT_PREFIX)
-    ]
+    results = run_script_under_mpiexec(__file__, 2, worker_args, RESULT_PREFIX, args.timeout)
+    return [CaseResult.from_dict(result) for result in results]
 
 
 def _us(seconds: float, vector_steps: int) -> str:
@@ -568,7 +538,7 @@ def _describe_machine() -> str:
 def main() -> None:
     args = _parser().parse_args()
     if args.mpi_worker:
-        run_mpi_worker(args)
+        run_rank_or_abort(lambda: mpi_worker(args))
         return
     print(f"actor efficiency: {args.config.name}, {_describe_machine()}")
     print(

@@ -11,6 +11,8 @@ import statistics
 import subprocess
 import sys
 import time
+import traceback
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +28,15 @@ def clean_env() -> dict[str, str]:
     return {k: v for k, v in os.environ.items() if not k.startswith(("PMI_", "OMPI_", "PMIX_"))}
 
 
+def results_in(stdout: str, result_prefix: str) -> list[dict[str, Any]]:
+    """The JSON results a worker printed, one per line after `result_prefix`."""
+    return [
+        json.loads(line[len(result_prefix) :])
+        for line in stdout.splitlines()
+        if line.startswith(result_prefix)
+    ]
+
+
 def run_worker(
     script: str, worker_args: list[str], result_prefix: str, label: str, timeout: float
 ) -> dict[str, Any]:
@@ -35,10 +46,41 @@ def run_worker(
     done = subprocess.run(command, capture_output=True, text=True, env=clean_env(), timeout=timeout)
     if done.returncode != 0:
         raise SystemExit(f"{label} failed (exit {done.returncode}):\n{done.stderr}")
-    for line in done.stdout.splitlines():
-        if line.startswith(result_prefix):
-            return json.loads(line[len(result_prefix) :])
-    raise SystemExit(f"{label} printed no result:\n{done.stdout}\n{done.stderr}")
+    results = results_in(done.stdout, result_prefix)
+    if not results:
+        raise SystemExit(f"{label} printed no result:\n{done.stdout}\n{done.stderr}")
+    return results[0]
+
+
+def run_script_under_mpiexec(
+    script: str, ranks: int, worker_args: list[str], result_prefix: str, timeout: float
+) -> list[dict[str, Any]]:
+    """`mpiexec -n ranks python script worker_args...`; the JSON results its ranks print."""
+    mpiexec = find_mpiexec()
+    if mpiexec is None:
+        raise SystemExit("mpiexec not found: install the mpich wheel (pip install mpich)")
+    command = [mpiexec, "-n", str(ranks), sys.executable, str(Path(script).resolve())]
+    done = subprocess.run(
+        [*command, *worker_args], capture_output=True, text=True, env=clean_env(), timeout=timeout
+    )
+    if done.returncode != 0:
+        raise SystemExit(
+            f"mpiexec -n {ranks} failed (exit {done.returncode}):\n{done.stdout}\n{done.stderr}"
+        )
+    return results_in(done.stdout, result_prefix)
+
+
+def run_rank_or_abort(rank_work: Callable[[], Any]) -> None:
+    """This rank's part of a benchmark's MPI job; on any error print it and end every rank,
+    so that none waits forever."""
+    try:
+        rank_work()
+    except BaseException:
+        from mpi4py import MPI
+
+        traceback.print_exc()
+        sys.stderr.flush()
+        MPI.COMM_WORLD.Abort(1)
 
 
 def run_agentenv_mpi(

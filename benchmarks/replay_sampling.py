@@ -51,17 +51,15 @@ import json
 import math
 import os
 import statistics
-import subprocess
 import sys
 import time
-import traceback
 import types
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-from common import find_mpiexec
+from common import run_rank_or_abort, run_script_under_mpiexec
 
 REPO = Path(__file__).resolve().parent.parent
 DEFAULT_CONFIG = REPO / "experiments" / "pendulum_sac.yaml"
@@ -457,15 +455,7 @@ def worker(args: argparse.Namespace) -> None:
 
 
 def launch(args: argparse.Namespace, partitions: int) -> list[dict[str, Any]]:
-    mpiexec = find_mpiexec()
-    if mpiexec is None:
-        raise SystemExit("mpiexec not found: install the mpich wheel (pip install mpich)")
-    command = [
-        mpiexec,
-        "-n",
-        str(partitions + 1),
-        sys.executable,
-        str(Path(__file__).resolve()),
+    worker_args = [
         "--worker",
         "--config",
         str(args.config),
@@ -492,20 +482,10 @@ def launch(args: argparse.Namespace, partitions: int) -> list[dict[str, Any]]:
         "--timeout",
         str(args.timeout),
     ]
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("PMI_", "OMPI_", "PMIX_"))}
     started = time.perf_counter()
-    done = subprocess.run(
-        command, capture_output=True, text=True, env=env, timeout=args.job_timeout
+    results = run_script_under_mpiexec(
+        __file__, partitions + 1, worker_args, RESULT_PREFIX, args.job_timeout
     )
-    if done.returncode != 0:
-        raise SystemExit(
-            f"mpiexec -n {partitions + 1} failed (exit {done.returncode}):\n{done.stderr}"
-        )
-    results = [
-        json.loads(line[len(RESULT_PREFIX) :])
-        for line in done.stdout.splitlines()
-        if line.startswith(RESULT_PREFIX)
-    ]
     for result in results:
         result["job_s"] = time.perf_counter() - started
     return results
@@ -602,14 +582,7 @@ def _parser() -> argparse.ArgumentParser:
 def main() -> None:
     args = _parser().parse_args()
     if args.worker:
-        try:
-            worker(args)
-        except BaseException:
-            from mpi4py import MPI
-
-            traceback.print_exc()  # then end every rank, so that none waits forever
-            sys.stderr.flush()
-            MPI.COMM_WORLD.Abort(1)
+        run_rank_or_abort(lambda: worker(args))
         return
     import mpi4py
 

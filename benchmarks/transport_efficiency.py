@@ -21,15 +21,13 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 import time
-import traceback
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-from common import find_mpiexec
+from common import run_rank_or_abort, run_script_under_mpiexec
 
 GOAL = 0.8
 RESULT_PREFIX = "TRANSPORT_EFFICIENCY_RESULT "
@@ -178,15 +176,7 @@ def worker(args: argparse.Namespace) -> None:
 
 
 def launch(args: argparse.Namespace) -> list[dict[str, Any]]:
-    mpiexec = find_mpiexec()
-    if mpiexec is None:
-        raise SystemExit("mpiexec not found: install the mpich wheel (pip install mpich)")
-    command = [
-        mpiexec,
-        "-n",
-        "2",
-        sys.executable,
-        str(Path(__file__).resolve()),
+    worker_args = [
         "--worker",
         "--envs",
         *map(str, args.envs),
@@ -203,17 +193,7 @@ def launch(args: argparse.Namespace) -> list[dict[str, Any]]:
         "--timeout",
         str(args.timeout),
     ]
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("PMI_", "OMPI_", "PMIX_"))}
-    done = subprocess.run(
-        command, capture_output=True, text=True, env=env, timeout=args.job_timeout
-    )
-    if done.returncode != 0:
-        raise SystemExit(f"the mpiexec job failed (exit {done.returncode}):\n{done.stderr}")
-    return [
-        json.loads(line[len(RESULT_PREFIX) :])
-        for line in done.stdout.splitlines()
-        if line.startswith(RESULT_PREFIX)
-    ]
+    return run_script_under_mpiexec(__file__, 2, worker_args, RESULT_PREFIX, args.job_timeout)
 
 
 def print_report(results: list[dict[str, Any]]) -> None:
@@ -281,14 +261,7 @@ def _parser() -> argparse.ArgumentParser:
 def main() -> None:
     args = _parser().parse_args()
     if args.worker:
-        try:
-            worker(args)
-        except BaseException:
-            from mpi4py import MPI
-
-            traceback.print_exc()  # then end every rank, so that none waits forever
-            sys.stderr.flush()
-            MPI.COMM_WORLD.Abort(1)
+        run_rank_or_abort(lambda: worker(args))
         return
     import mpi4py
 
