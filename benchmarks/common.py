@@ -10,6 +10,7 @@ import shutil
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 import traceback
 from collections.abc import Callable
@@ -116,3 +117,34 @@ def steps_to_solve(run: dict[str, Any]) -> float:
 
 def format_solved(value: float, spec: str) -> str:
     return "unsolved" if math.isinf(value) else format(value, spec)
+
+
+def run_seeds(
+    sides: list[str],
+    seeds: list[int],
+    run_side: Callable[[str, int, Path], dict[str, Any]],
+    describe: Callable[[str, dict[str, Any]], str],
+    keep_runs: Path | None,
+    temp_prefix: str,
+) -> dict[str, list[dict[str, Any]]]:
+    """Every side on every seed, `run_side(side, seed, run_root)`, printing `describe(side,
+    run)` after each. The side that goes first rotates with the seed, so drift in the machine's
+    load does not always favour the same side. Runs go under `keep_runs`, else a temporary
+    folder removed at the end; each side's runs come back in seed order."""
+    run_root = keep_runs or Path(tempfile.mkdtemp(prefix=temp_prefix))
+    run_root.mkdir(parents=True, exist_ok=True)
+    runs: dict[str, list[dict[str, Any]]] = {side: [] for side in sides}
+    try:
+        for index, seed in enumerate(seeds):
+            order = sides[index % len(sides) :] + sides[: index % len(sides)]
+            for side in order:
+                run = run_side(side, seed, run_root)
+                run["seed"] = seed
+                runs[side].append(run)
+                print(f"  seed {seed} {describe(side, run)}", flush=True)
+    finally:
+        if keep_runs is None:
+            shutil.rmtree(run_root, ignore_errors=True)
+    for side_runs in runs.values():
+        side_runs.sort(key=lambda r: seeds.index(r["seed"]))
+    return runs

@@ -38,9 +38,7 @@ import argparse
 import json
 import math
 import os
-import shutil
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -49,6 +47,7 @@ from common import (
     format_solved,
     median,
     run_agentenv_mpi,
+    run_seeds,
     run_worker,
     steps_to_solve,
     time_to_solve,
@@ -247,33 +246,25 @@ def main() -> None:
         f"budget {args.max_steps:,} env steps\n",
         flush=True,
     )
-    run_root = args.keep_runs or Path(tempfile.mkdtemp(prefix="agentenv_sac_threshold_"))
-    run_root.mkdir(parents=True, exist_ok=True)
-    runs: dict[str, list[dict[str, Any]]] = {side: [] for side in SIDES if side in args.sides}
-    try:
-        for index, seed in enumerate(args.seeds):
-            order = list(runs)
-            order = order[index % len(order) :] + order[: index % len(order)]
-            for side in order:
-                if side == "mpi":
-                    run = run_mpi(args, seed, run_root)
-                else:
-                    run = run_one_process(args, seed, run_root)
-                run["seed"] = seed
-                runs[side].append(run)
-                print(
-                    f"  seed {seed} {side:<11} {'solved' if run['solved'] else 'UNSOLVED'} in "
-                    f"{run['wall_s']:6.1f} s, {run['env_steps']:>7,} env steps, "
-                    f"{run['updates']:,} updates (return {run['return']:.1f}; accounting "
-                    f"{'reconciles' if run['reconciles'] else 'DOES NOT RECONCILE'})",
-                    flush=True,
-                )
-    finally:
-        if args.keep_runs is None:
-            shutil.rmtree(run_root, ignore_errors=True)
+
+    def run_side(side: str, seed: int, run_root: Path) -> dict[str, Any]:
+        if side == "mpi":
+            return run_mpi(args, seed, run_root)
+        return run_one_process(args, seed, run_root)
+
+    def describe(side: str, run: dict[str, Any]) -> str:
+        return (
+            f"{side:<11} {'solved' if run['solved'] else 'UNSOLVED'} in "
+            f"{run['wall_s']:6.1f} s, {run['env_steps']:>7,} env steps, "
+            f"{run['updates']:,} updates (return {run['return']:.1f}; accounting "
+            f"{'reconciles' if run['reconciles'] else 'DOES NOT RECONCILE'})"
+        )
+
+    sides = [side for side in SIDES if side in args.sides]
+    runs = run_seeds(
+        sides, args.seeds, run_side, describe, args.keep_runs, "agentenv_sac_threshold_"
+    )
     print()
-    for side_runs in runs.values():
-        side_runs.sort(key=lambda r: args.seeds.index(r["seed"]))
     print_report(runs, args.seeds)
     if args.json:
         args.json.write_text(json.dumps(runs, indent=1) + "\n")

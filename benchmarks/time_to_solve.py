@@ -41,10 +41,8 @@ import collections
 import json
 import math
 import os
-import shutil
 import statistics
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -53,6 +51,7 @@ from common import (
     format_solved,
     median,
     run_agentenv_mpi,
+    run_seeds,
     run_worker,
     steps_to_solve,
     time_to_solve,
@@ -334,34 +333,26 @@ def main() -> None:
             ) from None
     print(f"time to solve CartPole-v1 (mean of last {RETURN_WINDOW} returns >= {TARGET_RETURN})")
     print(f"{os.cpu_count()} CPUs, {_versions()}; budget {args.max_steps:,} env steps\n")
-    run_root = args.keep_runs or Path(tempfile.mkdtemp(prefix="agentenv_time_to_solve_"))
-    run_root.mkdir(parents=True, exist_ok=True)
-    runs: dict[str, list[dict[str, Any]]] = {side: [] for side in SIDES if side in args.sides}
-    try:
-        for index, seed in enumerate(args.seeds):
-            order = list(runs)
-            order = order[index % len(order) :] + order[: index % len(order)]
-            for side in order:
-                if side == "agentenv-mpi":
-                    run = _run_mpi(args, seed, run_root)
-                else:
-                    run = _run_worker(args, side, seed, run_root)
-                run["seed"] = seed
-                runs[side].append(run)
-                print(
-                    f"  seed {seed} {side:<13} {'solved' if run['solved'] else 'UNSOLVED'} "
-                    f"in {run['wall_s']:6.1f} s, {run['env_steps']:>7,} env steps "
-                    f"(return {run['return']:.1f})",
-                    flush=True,
-                )
-    finally:
-        if args.keep_runs is None:
-            shutil.rmtree(run_root, ignore_errors=True)
+
+    def run_side(side: str, seed: int, run_root: Path) -> dict[str, Any]:
+        if side == "agentenv-mpi":
+            return _run_mpi(args, seed, run_root)
+        return _run_worker(args, side, seed, run_root)
+
+    def describe(side: str, run: dict[str, Any]) -> str:
+        return (
+            f"{side:<13} {'solved' if run['solved'] else 'UNSOLVED'} "
+            f"in {run['wall_s']:6.1f} s, {run['env_steps']:>7,} env steps "
+            f"(return {run['return']:.1f})"
+        )
+
+    sides = [side for side in SIDES if side in args.sides]
+    runs = run_seeds(
+        sides, args.seeds, run_side, describe, args.keep_runs, "agentenv_time_to_solve_"
+    )
     if runs.get("sb3"):
         print(f"  sb3 ran with torch.get_num_threads() = {runs['sb3'][0]['torch_threads']}")
     print()
-    for side_runs in runs.values():
-        side_runs.sort(key=lambda r: args.seeds.index(r["seed"]))
     print_report(runs, args.seeds)
     if args.json:
         args.json.write_text(json.dumps(runs, indent=1) + "\n")
