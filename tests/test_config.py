@@ -94,6 +94,34 @@ def test_bad_files(tmp_path):
         load_config(scalar)
 
 
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        (
+            "env:\n  id: Pendulum-v1\nalgorithm:\n  gamma: 0.9\nenv:\n  global_num_envs: 4\n",
+            r"dup.yaml', line 5: key 'env' is given twice in one mapping \(first on line 1\)",
+        ),
+        (
+            "run:\n  seed: 1\n  total_env_steps: 10\n  seed: 2\n",
+            r"dup.yaml', line 4: key 'seed' is given twice in one mapping \(first on line 2\)",
+        ),
+        ("", r"dup.yaml' is empty: expected a mapping of sections"),
+        ("# only a comment\n\n", r"dup.yaml' is empty: expected a mapping of sections"),
+    ],
+    ids=["repeated_section", "repeated_key", "empty", "only_comments"],
+)
+def test_repeated_keys_and_empty_files_are_errors_naming_file_and_line(text, message, tmp_path):
+    path = tmp_path / "dup.yaml"
+    path.write_text(text)
+    with pytest.raises(ConfigError, match=message):
+        load_config(path)
+
+
+def test_repeated_key_in_an_override_value_is_an_error():
+    with pytest.raises(ConfigError, match=r"override 'env.kwargs=\{a: 1, a: 2\}': .* key 'a' is"):
+        load_config(None, ["env.kwargs={a: 1, a: 2}"])
+
+
 @pytest.mark.parametrize("path", sorted(EXPERIMENTS.glob("*.yaml")), ids=lambda p: p.name)
 def test_every_experiment_file_loads_and_round_trips(path, tmp_path):
     config = load_config(path)

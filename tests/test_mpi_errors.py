@@ -1,4 +1,4 @@
-"""Bad input under `mpiexec -n 3` (a table of 20 cases): non-zero exit within 30 s, one clear
+"""Bad input under `mpiexec -n 3` (a table of cases): non-zero exit within 30 s, one clear
 message naming the problem, no process left behind."""
 
 from __future__ import annotations
@@ -88,6 +88,11 @@ BAD_INPUTS = {
         ["@- just\n- a list\n"],
         "must hold a mapping of sections, not list",
     ),
+    "repeated_section_in_file": (
+        ["@env:\n  id: CartPole-v1\nenv:\n  global_num_envs: 4\n"],
+        "line 3: key 'env' is given twice in one mapping (first on line 1)",
+    ),
+    "empty_file": (["@"], "is empty: expected a mapping of sections"),
     "resume_without_checkpoints": (
         ["--resume", "{tmp}"],
         "not a run directory with checkpoints",

@@ -147,6 +147,31 @@ def config_from_dict(raw: Mapping[str, Any] | None) -> ExperimentConfig:
     return config
 
 
+class _StrictLoader(yaml.SafeLoader):
+    """PyYAML's safe loader, except that a key given twice in one mapping is an error (PyYAML
+    keeps the last silently, so a repeated section header would drop the first one's keys)."""
+
+
+def _construct_strict_mapping(loader: _StrictLoader, node: yaml.MappingNode) -> dict:
+    loader.flatten_mapping(node)
+    first_line: dict[Any, int] = {}
+    for key_node, _ in node.value:
+        key = loader.construct_object(key_node, deep=True)
+        line = key_node.start_mark.line + 1
+        if key in first_line:
+            raise ConfigError(
+                f"line {line}: key {key!r} is given twice in one mapping (first on line "
+                f"{first_line[key]}); keep one"
+            )
+        first_line[key] = line
+    return loader.construct_mapping(node, deep=True)
+
+
+_StrictLoader.add_constructor(
+    yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_strict_mapping
+)
+
+
 def _parse_override(text: str) -> tuple[list[str], Any]:
     if "=" not in text:
         raise ConfigError(f"override {text!r} is not allowed: expected key.path=value")
@@ -155,7 +180,9 @@ def _parse_override(text: str) -> tuple[list[str], Any]:
     if not key or any(not part for part in key.split(".")):
         raise ConfigError(f"override {text!r} is not allowed: expected key.path=value")
     try:
-        value = yaml.safe_load(raw_value) if raw_value.strip() else ""
+        value = yaml.load(raw_value, Loader=_StrictLoader) if raw_value.strip() else ""
+    except ConfigError as err:
+        raise ConfigError(f"override {text!r}: {err}") from None
     except yaml.YAMLError as err:
         raise ConfigError(f"override {text!r}: the value is not valid YAML ({err})") from None
     return key.split("."), value
@@ -189,22 +216,33 @@ def _deep_copy(raw: Mapping[str, Any]) -> dict[str, Any]:
     return {k: _deep_copy(v) if isinstance(v, Mapping) else v for k, v in raw.items()}
 
 
+def read_config_file(path: str | Path) -> dict[str, Any]:
+    """The raw sections of a YAML experiment file; `ConfigError` naming the file (and line)
+    when it is missing, empty, not YAML, not a mapping, or repeats a key."""
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"config file {str(path)!r} does not exist")
+    try:
+        raw = yaml.load(path.read_text(), Loader=_StrictLoader)
+    except ConfigError as err:
+        raise ConfigError(f"config file {str(path)!r}, {err}") from None
+    except yaml.YAMLError as err:
+        raise ConfigError(f"config file {str(path)!r} is not valid YAML: {err}") from None
+    if raw is None:
+        raise ConfigError(
+            f"config file {str(path)!r} is empty: expected a mapping of sections (env, "
+            "algorithm, ...); to train on the defaults, give no file"
+        )
+    if not isinstance(raw, Mapping):
+        raise ConfigError(
+            f"config file {str(path)!r} must hold a mapping of sections, not {type(raw).__name__}"
+        )
+    return dict(raw)
+
+
 def load_config(path: str | Path | None, overrides: Sequence[str] = ()) -> ExperimentConfig:
     """Read a YAML experiment file (or the defaults when `path` is None) and apply overrides."""
-    raw: Any = {}
-    if path is not None:
-        path = Path(path)
-        if not path.is_file():
-            raise ConfigError(f"config file {str(path)!r} does not exist")
-        try:
-            raw = yaml.safe_load(path.read_text()) or {}
-        except yaml.YAMLError as err:
-            raise ConfigError(f"config file {str(path)!r} is not valid YAML: {err}") from None
-        if not isinstance(raw, Mapping):
-            raise ConfigError(
-                f"config file {str(path)!r} must hold a mapping of sections, "
-                f"not {type(raw).__name__}"
-            )
+    raw = {} if path is None else read_config_file(path)
     return config_from_dict(apply_overrides(raw, overrides))
 
 
