@@ -29,11 +29,17 @@ def single_threaded_xla() -> None:
 
 
 def prepare_env_rank(config: ExperimentConfig, topology: Topology):
-    from agentenv_jax.envs.factory import EnvError, describe_spaces, make_vector_env
+    from agentenv_jax.envs.factory import (
+        EnvError,
+        check_first_reset,
+        describe_spaces,
+        make_vector_env,
+    )
 
     index = topology.env_rank_index
     vector_env = make_vector_env(config.env, topology.local_num_envs[index])
     try:
+        check_first_reset(vector_env, config.env)
         spaces = describe_spaces(
             config.env.id, vector_env.single_observation_space, vector_env.single_action_space
         )

@@ -11,6 +11,29 @@ def broken_env() -> gym.Env:
     raise RuntimeError("simulator asset 'robot.xml' not found")
 
 
+class SceneCartPole(gym.Wrapper):
+    """CartPole that loads its scene on the first reset, as simulators with assets do: a bad
+    `scene` passes construction and fails only when the env first runs."""
+
+    def __init__(self, scene: str):
+        super().__init__(gym.make("CartPole-v1"))
+        self._scene = scene
+
+    def reset(self, **kwargs):
+        if self._scene != "default":
+            raise ValueError(f"scene {self._scene!r} not found")
+        return self.env.reset(**kwargs)
+
+
+def scene_cartpole(scene: str = "default") -> gym.Env:
+    return SceneCartPole(scene)
+
+
+def not_an_env(**kwargs) -> str:
+    """An entry point that returns something other than a `gymnasium.Env`."""
+    return "not an env"
+
+
 class DictObservationEnv(gym.Env):
     """An env whose observation space the framework does not support yet."""
 

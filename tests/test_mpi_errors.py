@@ -36,6 +36,15 @@ BAD_INPUTS = {
         ["--set", "env.id=envs_for_tests:broken_env"],
         "RuntimeError: simulator asset 'robot.xml' not found",
     ),
+    "env_kwargs_fail_at_first_reset": (
+        ["--set", "env.id=envs_for_tests:scene_cartpole", "--set", "env.kwargs={scene: mars}"],
+        "env.id = 'envs_for_tests:scene_cartpole' with env.kwargs = {'scene': 'mars'}: the env "
+        "failed on its first reset: ValueError: scene 'mars' not found",
+    ),
+    "factory_returns_no_env": (
+        ["--set", "env.id=envs_for_tests:not_an_env"],
+        "env.id = 'envs_for_tests:not_an_env': the factory returned str, expected a gymnasium.Env",
+    ),
     "unsupported_space": (
         ["--set", "env.id=envs_for_tests:dict_observation_env"],
         "which is not supported: expected a Box",
@@ -151,6 +160,8 @@ def test_bad_input_fails_fast_on_every_rank(name, tmp_path):
     assert message in proc.stderr, proc.stderr[-3000:]
     assert proc.stderr.count("agentenv: error:") == 1, proc.stderr[-3000:]
     assert "Traceback" not in proc.stderr
+    assert "pending" not in proc.stderr  # MPICH's note on requests never completed or freed
+    assert not (tmp_path / marker.removeprefix("run.name=")).exists()  # no run folder
     time.sleep(0.5)
     assert _processes_with(marker) == []
 
@@ -196,3 +207,25 @@ def test_env_crash_mid_run_stops_the_whole_job(tmp_path):
     assert "[rank 1]" in proc.stderr or "[rank 2]" in proc.stderr
     time.sleep(0.5)
     assert _processes_with(marker) == []
+
+
+def test_env_kwargs_that_fail_at_first_reset_are_one_error_in_one_process(tmp_path):
+    """Without a launcher too: one line naming env.kwargs, exit 2, no traceback, no run folder."""
+    proc = run_command(
+        agentenv_command(
+            "train",
+            CARTPOLE,
+            "--set",
+            "env.id=envs_for_tests:scene_cartpole",
+            "--set",
+            "env.kwargs={scene: mars}",
+            "--set",
+            f"run.run_dir={tmp_path}",
+        ),
+        timeout=60,
+        cwd=REPO,
+    )
+    assert proc.returncode == 2
+    assert proc.stderr.count("agentenv: error:") == 1 and "Traceback" not in proc.stderr
+    assert "with env.kwargs = {'scene': 'mars'}: the env failed on its first reset" in proc.stderr
+    assert list(tmp_path.iterdir()) == []

@@ -173,6 +173,27 @@ def make_vector_env(config: EnvConfig, local_num_envs: int) -> gym.vector.Vector
         ) from err
 
 
+def env_settings(config: EnvConfig) -> str:
+    """The settings that made an env, for messages: its id, and its kwargs if any."""
+    text = f"env.id = {config.id!r}"
+    if config.kwargs:
+        text += f" with env.kwargs = {dict(config.kwargs)!r}"
+    return text
+
+
+def check_first_reset(vector_env: gym.vector.VectorEnv, config: EnvConfig) -> None:
+    """Reset the vector env once, so that settings which fail only when an env first runs (a
+    render mode whose dependency is missing, say) are a start-up error naming them, agreed on
+    by every rank, instead of a crash in the loop. The actor resets again with its own seeds."""
+    try:
+        vector_env.reset(seed=0)
+    except Exception as err:
+        raise EnvError(
+            f"{env_settings(config)}: the env failed on its first reset: "
+            f"{type(err).__name__}: {err}"
+        ) from err
+
+
 def autoreset_mode(env: gym.vector.VectorEnv) -> AutoresetMode:
     mode = env.metadata.get("autoreset_mode", AutoresetMode.NEXT_STEP)
     if mode not in (AutoresetMode.SAME_STEP, AutoresetMode.NEXT_STEP):
