@@ -5,9 +5,10 @@ from __future__ import annotations
 import gymnasium as gym
 import numpy as np
 import pytest
+from gymnasium.utils.env_checker import check_env
 
 from agentenv_jax.config import load_config
-from agentenv_jax.envs.faults import FaultInjectingEnv, RecreateOnFault, fault_mask
+from agentenv_jax.envs.faults import FaultInjectingEnv, RecreateOnFault, fault_mask, faulty_env
 from agentenv_jax.launch import train
 
 from conftest import EXPERIMENTS
@@ -43,7 +44,8 @@ def test_recreate_on_fault_reports_a_flagged_truncation():
         return made[-1]
 
     vector = gym.vector.SyncVectorEnv(
-        [lambda: RecreateOnFault(make)] * 2, autoreset_mode=gym.vector.AutoresetMode.SAME_STEP
+        [lambda: RecreateOnFault.around(make)] * 2,
+        autoreset_mode=gym.vector.AutoresetMode.SAME_STEP,
     )
     vector.reset(seed=0)
     _, reward, terminated, truncated, info = vector.step(np.zeros(2, int))
@@ -103,3 +105,34 @@ def test_replay_partition_drops_the_n_step_window_of_a_faulted_episode(run_dir):
     result = train(config)
     assert result.accounting["reconciles"], result.accounting
     assert result.accounting["dropped"] > 0
+
+
+@pytest.mark.parametrize(
+    "make_env",
+    [
+        lambda: faulty_env(),
+        lambda: faulty_env(env_id="Pendulum-v1"),
+        lambda: RecreateOnFault.around(lambda: gym.make("CartPole-v1")),
+        # Every episode faults (and its env is made anew) within the checker's few steps.
+        lambda: RecreateOnFault.around(lambda: faulty_env(rate=1.0, horizon=2)),
+    ],
+    ids=["faulty_env", "faulty_env_pendulum", "recreate", "recreate_faulty_every_episode"],
+)
+def test_shipped_envs_and_wrappers_pass_gymnasiums_env_checker(make_env):
+    """Gymnasium's own checker: spaces, seeding, determinism of a seeded step (faults and the
+    envs that replace faulted ones included), and re-creation from the env's spec. The render
+    check is skipped: CartPole's render modes need pygame, which is not a dependency."""
+    check_env(make_env(), skip_render_check=True)
+
+
+def test_envs_made_anew_after_faults_repeat_with_the_seed():
+    """A seeded run repeats its faults and the episodes of the envs that replace faulted ones."""
+
+    def observations(seed):
+        env = RecreateOnFault.around(lambda: faulty_env(rate=1.0, horizon=3))
+        seen = [env.reset(seed=seed)[0]]
+        for _ in range(30):
+            seen.append(env.step(0)[0])
+        return np.array(seen)
+
+    np.testing.assert_array_equal(observations(5), observations(5))

@@ -155,7 +155,7 @@ def make_vector_env(config: EnvConfig, local_num_envs: int) -> gym.vector.Vector
             ) from err
     make_env = resolve_env_factory(config)
     if config.on_fault == "recreate":
-        make_env = functools.partial(RecreateOnFault, make_env)
+        make_env = functools.partial(RecreateOnFault.around, make_env)
     fns = [make_env] * local_num_envs
     try:
         if config.vectorization == "sync":

@@ -19,12 +19,22 @@ FAULT_KEY = "env_fault"
 MAX_RESET_ATTEMPTS = 3
 
 
-class RecreateOnFault(gym.Wrapper):
-    """Makes the env anew after it raises; the faulted step comes back as a flagged truncation."""
+class RecreateOnFault(gym.Wrapper, gym.utils.RecordConstructorArgs):
+    """Makes the env anew after it raises; the faulted step comes back as a flagged truncation.
 
-    def __init__(self, make_env: Callable[[], gym.Env]):
-        super().__init__(make_env())
+    `env` is the first env, `make_env` makes each replacement (`around(make_env)` does both).
+    The constructor arguments are recorded, so Gymnasium can re-create the wrapper from the
+    env's spec (as `gymnasium.utils.env_checker.check_env` does).
+    """
+
+    def __init__(self, env: gym.Env, make_env: Callable[[], gym.Env]):
+        gym.utils.RecordConstructorArgs.__init__(self, make_env=make_env)
+        super().__init__(env)
         self._make_env = make_env
+
+    @classmethod
+    def around(cls, make_env: Callable[[], gym.Env]) -> RecreateOnFault:
+        return cls(make_env(), make_env)
 
     def _recreate(self) -> None:
         try:
@@ -47,8 +57,11 @@ class RecreateOnFault(gym.Wrapper):
         try:
             return self.env.step(action)
         except Exception as err:  # noqa: BLE001 - any simulator error is a fault to survive
+            # The replacement starts from a seed drawn from the broken env's generator, so a
+            # run that repeats its faults repeats what follows them too.
+            seed = int(self.env.np_random.integers(2**31))
             self._recreate()
-            obs, info = self.reset()
+            obs, info = self.reset(seed=seed)
             info = {**info, FAULT_KEY: f"{type(err).__name__}: {err}"}
             return obs, 0.0, False, True, info
 
@@ -60,26 +73,33 @@ def fault_mask(info: dict[str, Any], num_envs: int) -> np.ndarray:
     return np.zeros(num_envs, bool) if mask is None else np.asarray(mask, bool)
 
 
-class FaultInjectingEnv(gym.Wrapper):
+class FaultInjectingEnv(gym.Wrapper, gym.utils.RecordConstructorArgs):
     """A flaky simulator for tests: each episode raises `RuntimeError` in `step` with
     probability `rate`, at a step drawn uniformly from its first `horizon` steps.
 
     The rate is per episode, so a run with `rate: 0.01` loses about 1% of its episodes whatever
-    their length. Each instance made in a process draws from its own stream,
-    `(seed, instance number)`, so a repeated run repeats its faults exactly.
+    their length. A reset with a seed restarts the stream at `(seed, reset seed)`; until then
+    each instance made in a process draws from its own, `(seed, instance number)`. So a
+    repeated run repeats its faults exactly, and a seeded reset decides the faults that follow
+    as it decides the episode (as `gymnasium.utils.env_checker.check_env` expects).
     """
 
     _instances = 0
 
     def __init__(self, env: gym.Env, rate: float, seed: int = 0, horizon: int = 200):
+        gym.utils.RecordConstructorArgs.__init__(self, rate=rate, seed=seed, horizon=horizon)
         super().__init__(env)
         self._rate = rate
         self._horizon = horizon
+        self._seed = seed
         self._rng = np.random.default_rng([seed, FaultInjectingEnv._instances])
         FaultInjectingEnv._instances += 1
         self._steps_to_fault = -1
 
     def reset(self, **kwargs: Any):
+        if kwargs.get("seed") is not None:
+            # A seeded reset also decides the faults that follow, as it decides the episodes.
+            self._rng = np.random.default_rng([self._seed, kwargs["seed"]])
         faults = self._rng.random() < self._rate
         self._steps_to_fault = int(self._rng.integers(1, self._horizon + 1)) if faults else -1
         return self.env.reset(**kwargs)
