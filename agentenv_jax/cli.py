@@ -21,8 +21,8 @@ def _parser() -> argparse.ArgumentParser:
     train.add_argument(
         "--resume",
         metavar="RUN_DIR",
-        help="continue the run in RUN_DIR from its newest checkpoint (its "
-        "config.yaml, with any --set applied on top)",
+        help="continue the run in RUN_DIR from its newest checkpoint, with its own "
+        "config.yaml and any --set applied on top (no config file)",
     )
     train.add_argument(
         "--set",
@@ -40,21 +40,25 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def resume_config(run_dir: str, config_path: str | None, overrides: list[str]):
-    """The config of a resumed run: the run's own config.yaml (or an explicit file) plus
-    overrides, pointed back at the same run directory."""
+    """The config of a resumed run: the run's own config.yaml plus overrides, pointed back at
+    the same run directory. Another config file would silently become the run's: refused."""
     from pathlib import Path
 
     from agentenv_jax.config.loading import load_config
 
     folder = Path(run_dir)
+    if config_path is not None:
+        raise ConfigError(
+            f"--resume {run_dir!r} continues with the run's own config.yaml; a config file "
+            f"({config_path!r}) is not allowed with it: give changes as --set KEY=VALUE"
+        )
     if not (folder / "checkpoints").is_dir():
         raise ConfigError(
             f"--resume {run_dir!r}: not a run directory with checkpoints "
             "(expected RUN_DIR/checkpoints from an earlier run)"
         )
-    path = config_path or folder / "config.yaml"
     location = [f"run.run_dir={folder.resolve().parent}", f"run.name={folder.resolve().name}"]
-    return load_config(path, [*overrides, *location])
+    return load_config(folder / "config.yaml", [*overrides, *location])
 
 
 def _rank_prefix() -> str:

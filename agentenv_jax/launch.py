@@ -102,11 +102,29 @@ def _check_run_dir(config: ExperimentConfig, resume: bool) -> None:
         )
 
 
+def _prepare_learner(
+    config: ExperimentConfig, resume: bool
+) -> tuple[ExperimentConfig, tuple[int, int] | None]:
+    """The learner's checks before anything is written: the run folder is free (a new run) or
+    resumable with this config (a resume). Returns the config with its run name decided and,
+    for a resume, the saved replay set to load back."""
+    from agentenv_jax.learner.session import check_resumable
+
+    _check_run_dir(config, resume)
+    config = _with_run_name(config)
+    if not resume:
+        return config, None
+    check_resumable(config, _run_dir(config))
+    return config, _saved_replay(config)
+
+
 def _learner_outputs(config: ExperimentConfig):
+    """The run folder's metrics writer and the progress line. `config.yaml` is written only
+    once the learner has restored its checkpoint and every rank has started, so a refused
+    resume leaves the run's own config as it was."""
     from agentenv_jax.metrics.logger import MetricsWriter, ProgressLine
 
     run_dir = _run_dir(config)
-    save_config(config, run_dir / "config.yaml")
     writer = MetricsWriter(run_dir / "metrics.jsonl")
     progress = ProgressLine(
         config.run.total_env_steps, config.run.progress, config.run.progress_interval_s
@@ -129,7 +147,8 @@ def _summarize(
         "episodes": learner.episodes,
         "episode_return_mean": learner.episode_return_mean,
         "wall_s": wall_s,
-        "steps_per_s": learner.env_steps / max(wall_s, 1e-9),
+        # This session's rate: a resumed run's earlier steps took place in other processes.
+        "steps_per_s": learner.session_env_steps / max(wall_s, 1e-9),
         "accounting": accounting,
         "env_faults": learner.env_faults,
     }
@@ -228,9 +247,7 @@ def run_single_process(config: ExperimentConfig, resume: bool = False) -> TrainR
     from agentenv_jax.learner.session import LearnerSession
 
     topology = make_topology(config, world_size=1, rank=0)
-    _check_run_dir(config, resume)
-    config = _with_run_name(config)
-    replay_source = _saved_replay(config) if resume else None
+    config, replay_source = _prepare_learner(config, resume)
     vector_env, spaces = prepare_env_rank(config, topology)
     try:
         num_devices = learner_devices(config)
@@ -245,6 +262,7 @@ def run_single_process(config: ExperimentConfig, resume: bool = False) -> TrainR
     try:
         learner = plan.make_learner(transport.learner, num_devices, writer, progress)
         session = LearnerSession(learner, config, run_dir, resume)
+        save_config(config, run_dir / "config.yaml")
         session.install_signal_handlers()
         learner.start()
         # The env rank runs until it would have to wait for the learner, then the learner
@@ -254,11 +272,14 @@ def run_single_process(config: ExperimentConfig, resume: bool = False) -> TrainR
                 actor.run_once()
             learner.run_once()
             session.after_round()
-        session.close()
+        session.before_stop()
         learner.request_stop()
-        actor.run_once()
-        actor.finish()
-        learner.finish()
+        try:
+            actor.run_once()
+            actor.finish()
+            learner.finish()
+        finally:
+            session.close()  # the final checkpoint, with the run's accounting when complete
     finally:
         writer.close()
     return _summarize(
@@ -268,7 +289,7 @@ def run_single_process(config: ExperimentConfig, resume: bool = False) -> TrainR
 
 def run_mpi(config: ExperimentConfig, resume: bool = False) -> TrainResult:
     """This rank's part of an MPI job (learner or env rank)."""
-    from agentenv_jax.learner.session import LearnerSession, check_resumable
+    from agentenv_jax.learner.session import STOP_SIGNALS, LearnerSession
     from agentenv_jax.transport.mpi import MPIWorld
 
     world = MPIWorld()
@@ -278,9 +299,9 @@ def run_mpi(config: ExperimentConfig, resume: bool = False) -> TrainResult:
     if topology.is_env_rank:
         if config.topology.single_threaded_env_ranks:
             single_threaded_xla()
-        # Preemption and Ctrl-C reach every rank; the learner decides when to stop.
-        signal.signal(signal.SIGTERM, signal.SIG_IGN)
-        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        # Preemption, Ctrl-C and hang-ups reach every rank; the learner decides when to stop.
+        for sig in STOP_SIGNALS:
+            signal.signal(sig, signal.SIG_IGN)
 
     vector_env = spaces = replay_source = None
     error = None
@@ -289,11 +310,7 @@ def run_mpi(config: ExperimentConfig, resume: bool = False) -> TrainResult:
             vector_env, spaces = prepare_env_rank(config, topology)
         else:
             num_devices = learner_devices(config)
-            _check_run_dir(config, resume)
-            config = _with_run_name(config)
-            if resume:
-                check_resumable(config, _run_dir(config))
-                replay_source = _saved_replay(config)
+            config, replay_source = _prepare_learner(config, resume)
     except Exception as err:
         error = _describe(err)
     outcomes = world.allgather(
@@ -341,15 +358,19 @@ def run_mpi(config: ExperimentConfig, resume: bool = False) -> TrainResult:
         raise
 
     if topology.is_learner:
+        save_config(config, run_dir / "config.yaml")
         try:
             session.install_signal_handlers()
             learner.start()
             while session.running:
                 learner.run_once()
                 session.after_round()
-            session.close()
+            session.before_stop()
             learner.request_stop()
-            learner.finish()
+            try:
+                learner.finish()
+            finally:
+                session.close()  # the final checkpoint, with the run's accounting when complete
         finally:
             writer.close()
         return _summarize(

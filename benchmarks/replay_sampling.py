@@ -423,7 +423,7 @@ def learner_rank(comm: Any, config: Any, args: argparse.Namespace, mode: str) ->
         result["stepping_env_steps"] = int(mpi.produced.sum() - produced)
 
     channel.request_stop()
-    reports = channel.collect_final_reports(args.timeout)
+    reports, _ = channel.collect_final_reports(args.timeout)
     result["reports"] = reports
     # The partitions' own count of rows they sampled must match what rank 0 asked for.
     result["sampled_reconciles"] = sum(r["sampled"] for r in reports) == mpi.requested_rows

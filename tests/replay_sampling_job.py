@@ -192,7 +192,7 @@ def learner(config, topology, world) -> None:
                 fields["td_error"][:c] = rng.random(c) * 3
                 channel.send_priorities(i, message)
     channel.request_stop()
-    reports = channel.collect_final_reports(60.0)
+    reports, _ = channel.collect_final_reports(60.0)
     result = {
         "chi2": chi2,
         "df": len(priorities) - 1,

@@ -1,4 +1,5 @@
-"""Checkpoints: orbax round trip, keep-K, preemption by SIGTERM and resume under mpiexec."""
+"""Checkpoints: orbax round trip, keep-K, preemption by SIGTERM, resume (also over other env-rank
+counts), refused resumes that change nothing, and saved replay partitions."""
 
 from __future__ import annotations
 
@@ -91,11 +92,12 @@ def test_sigterm_then_resume_under_mpiexec(tmp_path):
     assert store.latest_step() == stopped_at
     store.close()
 
+    # Resumed with 3 env ranks where it ran with 2: the state does not depend on the topology.
     resumed = run_command(
         [
             mpiexec_path(),
             "-n",
-            "3",
+            "4",
             *agentenv_command("train", "--resume", str(run_dir), "--set", "run.stop_at_return=475"),
         ],
         timeout=300,
@@ -112,48 +114,134 @@ def test_sigterm_then_resume_under_mpiexec(tmp_path):
     steps = [r["env_steps"] for r in records]
     assert steps == sorted(steps)
     final = json.loads((run_dir / "summary.json").read_text())
-    assert not final["interrupted"]
+    assert not final["interrupted"] and "3 env rank(s)" in final["topology"]
     assert final["episode_return_mean"] >= 475 and final["env_steps"] <= 100_000
+    assert final["accounting"]["reconciles"] and final["accounting"]["trained"] == steps[-1]
 
 
-def test_resume_rejects_an_incompatible_config_on_every_rank(tmp_path):
+def _files(folder) -> dict[str, bytes]:
+    """Every file under `folder`, by relative path, with its bytes."""
+    return {str(p.relative_to(folder)): p.read_bytes() for p in folder.rglob("*") if p.is_file()}
+
+
+# Resumes that must be refused: (arguments after `--resume RUN`, what the one message says).
+REFUSED_RESUMES = [
+    (settings("env.id=Acrobot-v1"), "env.id = 'CartPole-v1'; this config has 'Acrobot-v1'"),
+    (settings("algorithm={name: impala}"), "algorithm.name = 'ppo'; this config has 'impala'"),
+    (
+        settings("network.actor_hidden=[32,32]"),
+        "network.actor_hidden = [64, 64]; this config has [32, 32]",
+    ),
+    (settings("algorithm.gama=0.9"), "unknown key 'algorithm.gama' (did you mean 'gamma'?)"),
+    (["{other}"], "a config file ('{other}') is not allowed with it"),
+]
+
+
+@pytest.mark.parametrize("launcher", ["one_process", "mpiexec"])
+def test_a_refused_resume_leaves_every_file_of_the_run_as_it_was(launcher, tmp_path):
+    """Another env.id or algorithm.name, a network change, a bad override or another config
+    file: one clear message, a non-zero exit on every rank, and not one byte of the run changed
+    (its config.yaml included, so the run can still be resumed)."""
     first = run_command(
-        agentenv_command(
-            "train",
-            CARTPOLE,
-            "--set",
-            f"run.run_dir={tmp_path}",
-            "--set",
-            "run.name=small",
-            "--set",
-            "run.total_env_steps=512",
-            "--set",
-            "run.progress=false",
-        ),
+        [
+            *agentenv_command("train", CARTPOLE),
+            *settings(
+                f"run.run_dir={tmp_path}",
+                "run.name=small",
+                "run.total_env_steps=512",
+                "run.progress=false",
+            ),
+        ],
         timeout=120,
         cwd=REPO,
     )
     assert first.returncode == 0, first.stderr[-3000:]
-    started = time.monotonic()
-    proc = run_command(
+    run_dir = tmp_path / "small"
+    before = _files(run_dir)
+    assert {"config.yaml", "metrics.jsonl", "events.jsonl", "summary.json"} <= set(before)
+    launcher_args = [mpiexec_path(), "-n", "3"] if launcher == "mpiexec" else []
+    for arguments, message in REFUSED_RESUMES:
+        arguments = [
+            a.replace("{other}", str(EXPERIMENTS / "cartpole_impala.yaml")) for a in arguments
+        ]
+        message = message.replace("{other}", str(EXPERIMENTS / "cartpole_impala.yaml"))
+        started = time.monotonic()
+        proc = run_command(
+            [*launcher_args, *agentenv_command("train", *arguments, "--resume", str(run_dir))],
+            timeout=60,
+            cwd=REPO,
+        )
+        assert proc.returncode != 0 and time.monotonic() - started < 60, arguments
+        assert proc.stderr.count("agentenv: error:") == 1, proc.stderr[-3000:]
+        assert message in proc.stderr and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+        assert _files(run_dir) == before, f"{arguments} changed the run's files"
+    # The run is still whole: it resumes and goes on.
+    resumed = run_command(
         [
-            mpiexec_path(),
-            "-n",
-            "3",
-            *agentenv_command(
-                "train",
-                "--resume",
-                str(tmp_path / "small"),
-                "--set",
-                "network.actor_hidden=[32,32]",
-            ),
+            *launcher_args,
+            *agentenv_command("train", "--resume", str(run_dir)),
+            *settings("run.total_env_steps=1024", "run.progress=false"),
         ],
-        timeout=30,
+        timeout=120,
         cwd=REPO,
     )
-    assert proc.returncode != 0 and time.monotonic() - started < 30
-    assert proc.stderr.count("agentenv: error:") == 1, proc.stderr[-3000:]
-    assert "network.actor_hidden = [64, 64]; this config has [32, 32]" in proc.stderr
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert json.loads((run_dir / "summary.json").read_text())["env_steps"] == 1024
+
+
+@pytest.mark.slow
+def test_resumed_twice_over_other_env_rank_counts_the_whole_run_reconciles(tmp_path):
+    """IMPALA (env ranks run ahead, so segments arrive late at every stop) in one process, then
+    resumed under `mpiexec -n 3` and `-n 4`: after each leg the accounting covers the whole run
+    and reconciles, late segments of earlier legs are kept, each leg's own share reconciles
+    too, and steps/s is the leg's own steps over the leg's own time."""
+    run_dir = tmp_path / "legs"
+    legs = [
+        ([], ["train", str(EXPERIMENTS / "cartpole_impala.yaml")], 2048, "1 env rank(s)"),
+        ([mpiexec_path(), "-n", "3"], ["train", "--resume", str(run_dir)], 4096, "2 env rank(s)"),
+        ([mpiexec_path(), "-n", "4"], ["train", "--resume", str(run_dir)], 6144, "3 env rank(s)"),
+    ]
+    previous = {
+        "env_steps": 0,
+        "accounting": dict.fromkeys(
+            ("produced", "sent", "received", "trained", "unsent", "late"), 0
+        ),
+    }
+    for launcher, command, budget, topology in legs:
+        proc = run_command(
+            [
+                *launcher,
+                *agentenv_command(*command),
+                *settings(
+                    f"run.run_dir={tmp_path}",
+                    "run.name=legs",
+                    f"run.total_env_steps={budget}",
+                    "run.progress=false",
+                ),
+            ],
+            timeout=180,
+            cwd=REPO,
+        )
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        summary = json.loads((run_dir / "summary.json").read_text())
+        assert topology in summary["topology"]
+        whole = summary["accounting"]
+        assert whole["reconciles"], whole
+        assert whole["trained"] == summary["env_steps"] == budget
+        leg = {k: whole[k] - previous["accounting"][k] for k in previous["accounting"]}
+        assert leg["produced"] == leg["sent"] + leg["unsent"], leg
+        assert leg["received"] == leg["trained"] + leg["late"] and leg["late"] > 0, leg
+        leg_steps = summary["env_steps"] - previous["env_steps"]
+        assert summary["steps_per_s"] * summary["wall_s"] == pytest.approx(leg_steps)
+        previous = summary
+    records = read_metrics(run_dir / "metrics.jsonl")
+    assert [r["update"] for r in records] == list(range(1, 6144 // 512 + 1))
+    events = _events(run_dir)
+    resumes = [e for e in events if e["event"] == "resume"]
+    assert len(resumes) == 2
+    for resume in resumes:  # each leg started from the state the previous one saved
+        saved = [e for e in events if e["event"] == "checkpoint" and e["time"] < resume["time"]]
+        assert resume["state_checksum"] == saved[-1]["state_checksum"]
 
 
 def test_resume_of_a_folder_without_checkpoints_is_a_clear_error(tmp_path):

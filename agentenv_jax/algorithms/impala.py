@@ -110,6 +110,8 @@ def make_impala_update(
         updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
         params = optax.apply_updates(state.params, updates)
         metrics["grad_norm"] = optax.tree.norm(grads)
+        # Counted here, from what the device holds, for the run's accounting.
+        metrics["trained_rows"] = jnp.sum(rollout["valid"].astype(jnp.int32))
         new_state = TrainState(
             params=params, opt_state=opt_state, update_count=state.update_count + 1, key=state.key
         )

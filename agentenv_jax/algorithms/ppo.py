@@ -225,6 +225,8 @@ def make_ppo_update(
             masked_mean((flat["return"] - masked_mean(flat["return"], valid)) ** 2, valid), 1e-8
         )
         metrics["clip_eps"] = clip_eps
+        # Counted here, from what the device holds, for the run's accounting.
+        metrics["trained_rows"] = jnp.sum(rollout["valid"].astype(jnp.int32))
         new_state = TrainState(
             params=params, opt_state=opt_state, update_count=state.update_count + 1, key=key
         )

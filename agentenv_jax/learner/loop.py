@@ -197,8 +197,10 @@ class Learner:
         self._lengths: collections.deque[int] = collections.deque(maxlen=config.run.return_window)
         self.episodes = 0
         self._env_faults: list[int] = []
-        self.received = 0
-        self.trained = 0
+        # What earlier sessions of this run (before a resume) accounted for.
+        self._before = Accounting()
+        self.received = 0  # this session's rows, counted as segments arrive
+        self.trained = 0  # this session's rows, counted by the update
         self.updates = 0
         self.done = False
         self.accounting: Accounting | None = None
@@ -212,7 +214,12 @@ class Learner:
 
     @property
     def env_steps(self) -> int:
-        """Transitions trained on (synchronous rounds: every produced one, at the end)."""
+        """Transitions trained on over the whole run, earlier sessions included."""
+        return self._before.trained + self.trained
+
+    @property
+    def session_env_steps(self) -> int:
+        """Transitions trained on since this process started (or resumed) the run."""
         return self.trained
 
     @property
@@ -237,10 +244,11 @@ class Learner:
 
     def checkpoint_meta(self) -> dict[str, Any]:
         """Everything besides `state` a resumed run needs to continue where this one is."""
+        so_far = self.accounting or self._before + Accounting.trained_so_far(self.trained)
         return {
             "updates": self.updates,
-            "received": self.received,
-            "trained": self.trained,
+            "trained": self.env_steps,
+            "accounting": so_far.counts(),
             "episodes": self.episodes,
             "returns": list(self._returns),
             "lengths": list(self._lengths),
@@ -251,8 +259,12 @@ class Learner:
     def restore(self, state: TrainState, meta: dict[str, Any]) -> None:
         """Continue from a checkpoint: the state and the counters go on from where they were."""
         self.state = jax.device_put(state, replicated(self.mesh))
-        self.updates, self.trained = int(meta["updates"]), int(meta["trained"])
-        self.received, self.episodes = int(meta["received"]), int(meta["episodes"])
+        self.updates, self.episodes = int(meta["updates"]), int(meta["episodes"])
+        self._before = (
+            Accounting(**meta["accounting"])
+            if "accounting" in meta
+            else Accounting.trained_so_far(int(meta["trained"]))
+        )
         self._returns.extend(meta["returns"])
         self._lengths.extend(meta["lengths"])
         self._obs_stats = _merge_flat_stats(self._obs_stats, np.asarray(meta["obs_stats"]))
@@ -294,27 +306,26 @@ class Learner:
             self._returns.extend(s["episode_return"][ended].tolist())
             self._lengths.extend(s["episode_length"][ended].tolist())
             self.episodes += int(ended.sum())
+            self.received += int(s["valid"].sum())
         self._channel.release_round()
         valid = rollout["valid"].astype(bool)
-        num_valid = int(valid.sum())
-        self.received += num_valid
         lag = (self.version - versions)[valid]
 
         tick = time.perf_counter()
         self.state, metrics = self._update(self.state, rollout)
         metrics = {k: float(v) for k, v in jax.device_get(metrics).items()}
         update_s = time.perf_counter() - tick
-        self.trained += num_valid
+        self.trained += int(metrics.pop("trained_rows"))
         self.updates += 1
         check_finite(self.updates, metrics)
 
         elapsed = time.perf_counter() - self._start_time
         record = {
             "update": self.updates,
-            "env_steps": self.trained,
+            "env_steps": self.env_steps,
             "episodes": self.episodes,
             "wall_s": elapsed,
-            "steps_per_s": self.trained / max(elapsed, 1e-9),
+            "steps_per_s": self.session_env_steps / max(elapsed, 1e-9),
             "episode_return_mean": self.episode_return_mean,
             "episode_length_mean": float(np.mean(self._lengths)) if self._lengths else math.nan,
             "policy_lag_mean": float(lag.mean()) if lag.size else 0.0,
@@ -347,14 +358,15 @@ class Learner:
         self._channel.request_stop()
 
     def finish(self) -> Accounting:
-        """Collect env ranks' final reports and reconcile the experience accounting."""
+        """Collect env ranks' final reports and reconcile the experience accounting of the
+        whole run (this session added to the earlier ones)."""
         reports, late_segments = self._channel.collect_final_reports(
             self.config.run.transport_timeout_s
         )
         late = sum(
             int(self._segment_specs[i].views(buf)["valid"].sum()) for i, buf in late_segments
         )
-        self.accounting = reconcile(
+        self.accounting = self._before + reconcile(
             reports, received=self.received, trained=self.trained, late=late
         )
         if self._progress is not None:

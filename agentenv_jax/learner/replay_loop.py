@@ -177,7 +177,12 @@ class ReplayLearner:
     @property
     def env_steps(self) -> int:
         """Env steps over the whole run, resumed sessions included."""
-        return self._env_steps_before + self._counter("produced")
+        return self._env_steps_before + self.session_env_steps
+
+    @property
+    def session_env_steps(self) -> int:
+        """Env steps since this process started (or resumed) the run."""
+        return self._counter("produced")
 
     @property
     def env_faults(self) -> int:
@@ -362,7 +367,7 @@ class ReplayLearner:
             "env_steps": self.env_steps,
             "episodes": self.episodes,
             "wall_s": elapsed,
-            "steps_per_s": self.env_steps / max(elapsed, 1e-9),
+            "steps_per_s": self.session_env_steps / max(elapsed, 1e-9),
             "episode_return_mean": self.episode_return_mean,
             "episode_length_mean": float(np.mean(self._lengths)) if self._lengths else math.nan,
             "policy_lag_mean": 0.0,
@@ -391,9 +396,12 @@ class ReplayLearner:
             self._save_replay_at = None
 
     def finish(self) -> ReplayAccounting:
-        reports = self._channel.collect_final_reports(self.config.run.transport_timeout_s)
+        reports, late_answers = self._channel.collect_final_reports(
+            self.config.run.transport_timeout_s
+        )
+        prefetched = sum(int(self._answer_spec.views(a)["count"][0]) for _, a in late_answers)
         self.accounting = ReplayAccounting.from_reports(
-            reports, received=self.sampled, trained=self.trained
+            reports, received=self.sampled, trained=self.trained, prefetched=prefetched
         )
         if self._progress is not None:
             self._progress.close()

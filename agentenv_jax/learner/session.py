@@ -1,9 +1,9 @@
 """A learner's run from start to end: resume, periodic and final checkpoints, preemption.
 
-SIGTERM (Slurm preemption) and SIGINT (Ctrl-C) only set a flag; the loop stops collecting at the
-next update boundary, writes a final checkpoint and returns normally, so every rank shuts down
-through the same stop protocol as a finished run. A second signal, more than a second later,
-interrupts at once.
+SIGTERM (Slurm preemption), SIGINT (Ctrl-C) and SIGHUP (a closed terminal) only set a flag; the
+loop stops collecting at the next update boundary, writes a final checkpoint and returns
+normally, so every rank shuts down through the same stop protocol as a finished run. A second
+signal, more than a second later, interrupts at once.
 """
 
 from __future__ import annotations
@@ -25,6 +25,9 @@ from agentenv_jax.config.schema import ExperimentConfig
 # Sections of the config a checkpoint's learner state depends on: a resumed run may change
 # budgets, topology, logging and checkpoint cadence, but not these.
 _STATE_DEFINING = ("env.id", "network", "algorithm.name")
+# Signals that ask the run to stop: preemption, Ctrl-C, and the hang-up of a closed terminal
+# (which would otherwise kill the rank without a checkpoint).
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 # Stop signals this close together are one request (a second one later interrupts at once).
 _SAME_REQUEST_S = 1.0
 
@@ -136,7 +139,7 @@ class LearnerSession:
             raise KeyboardInterrupt
 
     def install_signal_handlers(self) -> None:
-        for sig in (signal.SIGTERM, signal.SIGINT):
+        for sig in STOP_SIGNALS:
             self._previous_handlers[sig] = signal.signal(sig, self._on_signal)
 
     @property
@@ -167,11 +170,21 @@ class LearnerSession:
             self.learner.checkpoint_saved(self.learner.updates)
             replay_files.prune(self._run_dir, set(self.store.steps()))
 
+    def _final_save_due(self) -> bool:
+        return self.config.checkpoint.on_exit and self._last_saved_update != self.learner.updates
+
+    def before_stop(self) -> None:
+        """Call before the learner asks env ranks to stop. The final checkpoint is written
+        after they have reported (`close`), so it carries the run's whole accounting; replay
+        partitions to be saved with it are told so by the stop request."""
+        if self._final_save_due() and self.config.checkpoint.save_replay:
+            self.learner.checkpoint_saved(self.learner.updates)
+
     def close(self) -> None:
         """The final checkpoint (unless disabled or already written) and cleanup."""
         if self.interrupted:
             self._event("interrupted")
-        if self.config.checkpoint.on_exit and self._last_saved_update != self.learner.updates:
+        if self._final_save_due():
             self.save()
         self.store.close()
         for sig, handler in self._previous_handlers.items():

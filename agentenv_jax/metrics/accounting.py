@@ -10,14 +10,20 @@ from typing import Any
 
 @dataclasses.dataclass(frozen=True)
 class Accounting:
-    """Valid transitions (auto-reset padding rows excluded) at each stage of their journey."""
+    """Valid transitions (auto-reset padding rows excluded) at each stage of their journey.
 
-    produced: int  # stepped by env ranks
-    sent: int  # left env ranks in segments
-    received: int  # arrived at the learner, including `late`
-    trained: int  # consumed by an update
-    unsent: int  # produced but still queued on env ranks at shutdown
-    late: int  # arrived after the last update: received, not trained on
+    Each stage is counted where it happens: env ranks count what they step, send and still hold
+    at the end; the learner counts the rows of each segment as it arrives, the update counts the
+    rows it trained on (on the device), and the channel counts segments that arrived after the
+    last update. A row lost or doubled between two stages breaks an equation.
+    """
+
+    produced: int = 0  # stepped by env ranks
+    sent: int = 0  # left env ranks in segments
+    received: int = 0  # arrived at the learner, including `late`
+    trained: int = 0  # consumed by an update
+    unsent: int = 0  # produced but still queued on env ranks at shutdown
+    late: int = 0  # arrived after the last update: received, not trained on
 
     @property
     def reconciles(self) -> bool:
@@ -27,14 +33,30 @@ class Accounting:
             and self.received == self.trained + self.late
         )
 
+    def __add__(self, other: Accounting) -> Accounting:
+        """Two sessions of one run (a run and its resumption) together."""
+        theirs = other.counts()
+        return Accounting(**{name: n + theirs[name] for name, n in self.counts().items()})
+
+    @classmethod
+    def trained_so_far(cls, trained: int) -> Accounting:
+        """What a checkpoint taken between updates carries forward: the rows trained on. The
+        rest of what env ranks stepped by then is in flight and is stepped anew by a run that
+        resumes from this checkpoint."""
+        return cls(produced=trained, sent=trained, received=trained, trained=trained)
+
+    def counts(self) -> dict[str, int]:
+        return {f.name: int(getattr(self, f.name)) for f in dataclasses.fields(self)}
+
     def as_dict(self) -> dict[str, Any]:
-        return {**dataclasses.asdict(self), "reconciles": self.reconciles}
+        return {**self.counts(), "reconciles": self.reconciles}
 
 
 def reconcile(
     env_reports: Sequence[dict[str, Any]], received: int, trained: int, late: int
 ) -> Accounting:
-    """Combine env ranks' final reports with the learner's own counts."""
+    """Combine env ranks' final reports with the learner's own counts (`received` excludes
+    `late`: it is what the updates were given)."""
     return Accounting(
         produced=sum(int(r["produced"]) for r in env_reports),
         sent=sum(int(r["sent"]) for r in env_reports),
@@ -63,8 +85,11 @@ class ReplayAccounting:
 
     @classmethod
     def from_reports(
-        cls, reports: Sequence[dict[str, Any]], received: int, trained: int
+        cls, reports: Sequence[dict[str, Any]], received: int, trained: int, prefetched: int
     ) -> ReplayAccounting:
+        """Partitions' final reports with the learner's counts: `received`, the rows it took
+        from answers; `trained`, the rows its updates consumed; `prefetched`, the rows of
+        answers that arrived after its last update."""
         total = {
             key: sum(int(r[key]) for r in reports)
             for key in (
@@ -78,9 +103,7 @@ class ReplayAccounting:
                 "sampled",
             )
         }
-        return cls(
-            **total, received=received, trained=trained, prefetched=total["sampled"] - received
-        )
+        return cls(**total, received=received, trained=trained, prefetched=prefetched)
 
     @property
     def reconciles(self) -> bool:
@@ -89,7 +112,6 @@ class ReplayAccounting:
             and self.inserted + self.restored == self.stored + self.overwritten
             and self.received == self.trained
             and self.sampled == self.received + self.prefetched
-            and self.prefetched >= 0
         )
 
     def as_dict(self) -> dict[str, Any]:

@@ -176,5 +176,9 @@ class _ReplayLearnerEnd(_LearnerEndBase):
     def send_priorities(self, index: int, message: np.ndarray) -> None:
         self._hub.priorities.append(message.copy())
 
-    def collect_final_reports(self, timeout_s: float) -> list[dict[str, Any]]:
-        return self._final_reports()
+    def collect_final_reports(
+        self, timeout_s: float
+    ) -> tuple[list[dict[str, Any]], list[tuple[int, np.ndarray]]]:
+        late = [] if self._hub.answer is None else [(0, self._hub.answer)]
+        self._hub.answer = None
+        return self._final_reports(), late

@@ -526,6 +526,7 @@ class MPIReplayLearnerChannel:
                 + " (run.transport_timeout_s)"
             ),
         )
+        self._answer_reqs = [None] * self.num_env_ranks  # taken: none is late any more
         return self._answers
 
     def send_priorities(self, index: int, message: np.ndarray) -> None:
@@ -545,7 +546,11 @@ class MPIReplayLearnerChannel:
         for rank in self._env_ranks:
             self._small_sends.append(self._comm.isend(stop, dest=rank, tag=TAG_CONTROL))
 
-    def collect_final_reports(self, timeout_s: float) -> list[dict[str, Any]]:
+    def collect_final_reports(
+        self, timeout_s: float
+    ) -> tuple[list[dict[str, Any]], list[tuple[int, np.ndarray]]]:
+        """Every env rank's final report, and the answers (env-rank index, buffer) to the last
+        request that arrived after the learner stopped taking them (the prefetched batch)."""
         reports = []
         for rank in self._env_ranks:
             _wait_until(
@@ -554,13 +559,20 @@ class MPIReplayLearnerChannel:
                 lambda r=rank: f"the final report of env rank {r}",
             )
             reports.append(self._comm.recv(source=rank, tag=TAG_FINAL))
-        for request in self._answer_reqs:  # a prefetched request the rank stopped before serving
-            if request is not None and not request.Test():
-                request.Cancel()
-                request.Wait()
+        late = []
+        for i, request in enumerate(self._answer_reqs):
+            if request is None:
+                continue
+            # The rank may have stopped before serving the last request: cancel that receive.
+            # One that already matched cannot be cancelled and completes with the answer.
+            status = MPI.Status()
+            request.Cancel()
+            request.Wait(status)
+            if not status.Is_cancelled():
+                late.append((i, self._answers[i]))
         _finish_sends(
             self._small_sends
             + self._params.pending()
             + [r for r in self._request_reqs + self._priority_reqs if r is not None]
         )
-        return reports
+        return reports, late
