@@ -39,9 +39,7 @@ class EnvConfig:
     normalize_reward: bool = False  # scale rewards by the std of the discounted return
     clip_obs: float = 10.0  # clip normalized observations to [-clip_obs, clip_obs]
     clip_reward: float = 10.0  # clip scaled rewards to [-clip_reward, clip_reward]
-    on_fault: FaultPolicy = (
-        "recreate"  # env raising in step/reset: recreate it (and count), or fail
-    )
+    on_fault: FaultPolicy = "recreate"  # an env that raises: make it anew and count, or fail
 
     def validate(self, prefix: str) -> None:
         _require(bool(self.id.strip()), f"{prefix}.id", self.id, "a Gymnasium id or module:factory")
