@@ -9,9 +9,12 @@ import numpy as np
 import pytest
 import yaml
 
+from agentenv_jax.buffers.segment_queue import on_policy_segment_spec
 from agentenv_jax.config import load_config
 from agentenv_jax.launch import train
 from agentenv_jax.metrics.logger import read_metrics
+from agentenv_jax.roles import build_actor_policy, plan_for, prepare_env_rank
+from agentenv_jax.transport.topology import make_topology
 
 from conftest import EXPERIMENTS, REPO, agentenv_command, mpiexec_path, run_command
 
@@ -229,9 +232,11 @@ def test_native_vectorization_pads_auto_reset_rows_and_still_reconciles(run_dir)
     assert_reconciles(result.accounting)
     rows = 16 * 32 * 8
     assert result.updates == 16
-    # Episodes of at most 20 steps on 8 envs: many auto-reset rows were excluded.
-    assert result.env_steps < rows * 20 / 21 + 1
-    assert result.episode_return_mean <= 20
+    # Each finished episode costs its env exactly one padding row, on its next step; only an
+    # episode that ends on an env's very last step (at most one per env) has none.
+    episodes = json.loads((result.run_dir / "summary.json").read_text())["episodes"]
+    assert episodes >= rows / 21  # episodes of at most 20 steps
+    assert rows - episodes <= result.env_steps <= rows - episodes + 8
 
 
 @pytest.mark.parametrize("path", sorted(EXPERIMENTS.glob("*.yaml")), ids=lambda p: p.name)
@@ -284,8 +289,8 @@ def test_sac_prioritized_n_step_replay_in_one_process(run_dir):
     assert 0.8 < last["replay/sampled"] / (32 * (last["replay/inserted"] - 200)) <= 1.05
 
 
-def test_async_vectorization_bootstraps_truncated_episodes_from_final_observations(run_dir):
-    """AsyncVectorEnv (SAME_STEP autoreset) hands final observations back through `info`."""
+def test_async_vectorization_has_no_padding_rows(run_dir):
+    """AsyncVectorEnv (SAME_STEP autoreset) resets within the step: every row is a transition."""
     config = load_config(
         CARTPOLE,
         [
@@ -301,8 +306,46 @@ def test_async_vectorization_bootstraps_truncated_episodes_from_final_observatio
     )
     result = train(config)
     assert_reconciles(result.accounting)
-    assert result.env_steps == 640  # SAME_STEP: no padding rows
-    assert result.episode_return_mean <= 10
+    assert result.env_steps == 640
+    # Episodes of at most 10 steps: at least one ends per 10 steps of each env.
+    assert json.loads((result.run_dir / "summary.json").read_text())["episodes"] >= 64
+
+
+@pytest.mark.parametrize("vectorization", ["sync", "async"])
+def test_truncated_episodes_bootstrap_from_the_value_of_their_final_observation(vectorization):
+    """`CounterEnv` observes `[env id, t]` and truncates at t = 50. SAME_STEP vector envs return
+    the reset observation `[id, 0]` on that step and the final one `[id, 50]` in `info`: the
+    segment's `bootstrap_value` on the truncated rows must be the critic's value of the final
+    one, and 0 on every other row."""
+    config = load_config(
+        CARTPOLE,
+        [
+            "env.id=envs_for_tests:counter_env",
+            f"env.vectorization={vectorization}",
+            "env.global_num_envs=2",
+            "algorithm.rollout_length=60",
+        ],
+    )
+    topology = make_topology(config, world_size=1, rank=0)
+    vector_env, spaces = prepare_env_rank(config, topology)
+    plan = plan_for(config, topology, spaces)
+    transport = plan.make_inprocess()
+    actor = plan.make_actor(vector_env, transport.actor)
+    plan.make_learner(transport.learner, 1, None, None).start()  # broadcasts version 0
+    assert actor.run_once()
+    segment = on_policy_segment_spec(spaces, 60, 2).views(transport.segments[0])
+    vector_env.close()
+
+    policy = build_actor_policy(config, topology, spaces)
+    policy.set_params(plan.param_spec.views(transport.params)["params"])
+    truncated = segment["truncated"].astype(bool)
+    assert truncated.sum() == 2 and truncated[49].all()  # the 50th step of each env
+    env_ids = segment["obs"][0, :, 0]
+    final_value = policy.value(np.stack([env_ids, np.full(2, 50.0)], 1).astype(np.float32))
+    reset_value = policy.value(np.stack([env_ids, np.zeros(2)], 1).astype(np.float32))
+    np.testing.assert_allclose(segment["bootstrap_value"][49], final_value, rtol=1e-5)
+    assert np.all(np.abs(final_value - reset_value) > 1e-3)  # the two are told apart
+    assert np.all(segment["bootstrap_value"][~truncated] == 0)
 
 
 def test_cli_entry_point_env_with_overrides_writes_run_dir(run_dir):
