@@ -76,7 +76,13 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "train":
         from agentenv_jax.launch import launched_by_mpi
 
-        if launched_by_mpi() and not supervisor.is_rank_process():
+        try:
+            under_launcher = launched_by_mpi()
+        except ConfigError as err:
+            if _is_lead_rank():
+                print(f"agentenv: error: {err}", file=sys.stderr, flush=True)
+            return 2
+        if under_launcher and not supervisor.is_rank_process():
             return supervisor.supervise(argv)
         supervisor.die_with_supervisor()
     if args.command == "config-reference":

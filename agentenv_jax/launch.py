@@ -58,10 +58,24 @@ class TrainResult:
     interrupted: bool = False  # stopped early by SIGTERM/SIGINT (a final checkpoint was written)
 
 
+# Overrides the launcher detection: "mpi" for a launcher that sets none of the variables above,
+# "inprocess" for one process where they are inherited (a notebook inside a Slurm step, say).
+TRANSPORT_VARIABLE = "AGENTENV_TRANSPORT"
+_TRANSPORT_CHOICES = ("mpi", "inprocess")
+
+
 def launched_by_mpi() -> bool:
-    return os.environ.get("AGENTENV_TRANSPORT") == "mpi" or any(
-        v in os.environ for v in _LAUNCHER_VARIABLES
-    )
+    """Whether this process is one rank of an MPI job: `AGENTENV_TRANSPORT` if set, else
+    whether a launcher's variables are present. `ConfigError` for an unknown value."""
+    choice = os.environ.get(TRANSPORT_VARIABLE, "")
+    if choice and choice not in _TRANSPORT_CHOICES:
+        raise ConfigError(
+            f"{TRANSPORT_VARIABLE} = {choice!r} is not allowed: expected "
+            f"{' or '.join(map(repr, _TRANSPORT_CHOICES))}, or unset to detect the launcher"
+        )
+    if choice:
+        return choice == "mpi"
+    return any(v in os.environ for v in _LAUNCHER_VARIABLES)
 
 
 def _run_dir(config: ExperimentConfig) -> Path:

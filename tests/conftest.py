@@ -24,10 +24,14 @@ def mpiexec_path() -> str:
     return found
 
 
-def start_job(args: list[str], cwd: Path = REPO) -> subprocess.Popen:
-    """Start a command in its own process group, outside any launcher this test runs under."""
+def start_job(
+    args: list[str], cwd: Path = REPO, extra_env: dict[str, str] | None = None
+) -> subprocess.Popen:
+    """Start a command in its own process group, outside any launcher this test runs under
+    (with `extra_env` added to its environment)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PMI_", "OMPI_", "PMIX_"))}
     env["PYTHONUNBUFFERED"] = "1"
+    env.update(extra_env or {})
     # Lets `env.id: envs_for_tests:<factory>` resolve on every rank.
     env["PYTHONPATH"] = os.pathsep.join([str(REPO / "tests"), env.get("PYTHONPATH", "")])
     return subprocess.Popen(
@@ -51,9 +55,11 @@ def wait_for_updates(proc: subprocess.Popen, run_dir: Path, count: int, timeout:
         time.sleep(0.2)
 
 
-def run_command(args: list[str], timeout: float, cwd: Path) -> subprocess.CompletedProcess:
+def run_command(
+    args: list[str], timeout: float, cwd: Path, extra_env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess:
     """Run a command in its own process group; on timeout kill the whole group and fail."""
-    proc = start_job(args, cwd)
+    proc = start_job(args, cwd, extra_env)
     try:
         out, err = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:

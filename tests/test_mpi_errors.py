@@ -3,6 +3,7 @@ message naming the problem, no process left behind."""
 
 from __future__ import annotations
 
+import json
 import os
 import time
 import uuid
@@ -10,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import EXPERIMENTS, REPO, agentenv_command, mpiexec_path, run_command
+from conftest import EXPERIMENTS, REPO, agentenv_command, mpiexec_path, run_command, settings
 
 CARTPOLE = str(EXPERIMENTS / "cartpole_ppo.yaml")
 
@@ -228,4 +229,40 @@ def test_env_kwargs_that_fail_at_first_reset_are_one_error_in_one_process(tmp_pa
     assert proc.returncode == 2
     assert proc.stderr.count("agentenv: error:") == 1 and "Traceback" not in proc.stderr
     assert "with env.kwargs = {'scene': 'mars'}: the env failed on its first reset" in proc.stderr
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize(
+    "choice, launcher_variables",
+    [("mpi", {}), ("inprocess", {"PMI_RANK": "0", "PMI_SIZE": "1"})],
+    ids=["mpi_without_launcher", "inprocess_despite_launcher_variables"],
+)
+def test_agentenv_transport_overrides_launcher_detection(choice, launcher_variables, tmp_path):
+    """`AGENTENV_TRANSPORT=mpi` runs an MPI job of one rank where no launcher is detected;
+    `inprocess` runs in one process although a launcher's variables are inherited (with them
+    and no launcher behind them, MPI could not start)."""
+    proc = run_command(
+        agentenv_command(
+            "train",
+            CARTPOLE,
+            *settings(f"run.run_dir={tmp_path}", "run.name=t", "run.total_env_steps=512"),
+        ),
+        timeout=120,
+        cwd=REPO,
+        extra_env={"AGENTENV_TRANSPORT": choice, **launcher_variables},
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    summary = json.loads((tmp_path / "t" / "summary.json").read_text())
+    assert summary["accounting"]["reconciles"] and summary["env_steps"] == 512
+
+
+def test_unknown_agentenv_transport_is_one_clear_error(tmp_path):
+    proc = run_command(
+        agentenv_command("train", CARTPOLE, *settings(f"run.run_dir={tmp_path}")),
+        timeout=60,
+        cwd=REPO,
+        extra_env={"AGENTENV_TRANSPORT": "tcp"},
+    )
+    assert proc.returncode == 2 and proc.stderr.count("agentenv: error:") == 1
+    assert "AGENTENV_TRANSPORT = 'tcp' is not allowed: expected 'mpi' or 'inprocess'" in proc.stderr
     assert list(tmp_path.iterdir()) == []
