@@ -81,6 +81,24 @@ def test_one_process_cartpole_reaches_threshold(run_dir):
 
 
 @pytest.mark.slow
+def test_one_process_pendulum_ppo_reaches_the_return_its_experiment_file_states(run_dir):
+    """experiments/pendulum_ppo.yaml: mean return above -300 within 100k env steps (seed 0)."""
+    config = load_config(
+        EXPERIMENTS / "pendulum_ppo.yaml",
+        [
+            f"run.run_dir={run_dir}",
+            "run.name=pendulum",
+            "run.stop_at_return=-300",
+            "run.total_env_steps=100000",
+            "run.progress=false",
+        ],
+    )
+    result = train(config)
+    assert result.episode_return_mean >= -300 and result.env_steps <= 100_000
+    assert_reconciles(result.accounting)
+
+
+@pytest.mark.slow
 def test_mpiexec_three_ranks_cartpole_reaches_threshold_and_reconciles(run_dir):
     proc = run_command(
         [
