@@ -111,12 +111,14 @@ BAD_INPUTS = {
 
 
 def _arguments(overrides: list[str], tmp_path: Path) -> list[str]:
-    """`@TEXT` stands for a config file holding TEXT; `{tmp}` for a fresh empty folder."""
+    """`@TEXT` stands for a config file holding TEXT; `{tmp}` for a fresh empty folder (a
+    resume takes no config file)."""
     if overrides and overrides[0].startswith("@"):
         path = tmp_path / "experiment.yaml"
         path.write_text(overrides[0][1:].replace("\\n", "\n"))
         return [str(path)]
-    return [CARTPOLE, *(o.replace("{tmp}", str(tmp_path)) for o in overrides)]
+    config = [] if "--resume" in overrides else [CARTPOLE]
+    return [*config, *(o.replace("{tmp}", str(tmp_path)) for o in overrides)]
 
 
 def _processes_with(marker: str) -> list[str]:

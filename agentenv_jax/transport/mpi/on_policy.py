@@ -1,0 +1,233 @@
+"""The on-policy MPI channels (PPO, IMPALA): segments in under credit flow control,
+versioned parameters out, the stop request and final reports."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+from mpi4py import MPI
+
+from agentenv_jax.buffers.segment_queue import SegmentQueue
+from agentenv_jax.transport.messages import (
+    TAG_CONTROL,
+    TAG_CREDIT,
+    TAG_FINAL,
+    TAG_PARAMS,
+    TAG_SEGMENT,
+)
+from agentenv_jax.transport.mpi.world import (
+    FAILED_RANKS,
+    Backoff,
+    ParamBroadcast,
+    finish_sends,
+    wait_until,
+)
+
+
+class MPIActorChannel:
+    """An env rank's end of the MPI transport (see `ActorChannel`)."""
+
+    def __init__(self, comm: MPI.Comm, learner_rank: int, param_nbytes: int):
+        self._comm = comm
+        self._learner = learner_rank
+        self._param_inbox = np.empty(param_nbytes, dtype=np.uint8)
+        self._latest_params = np.empty(param_nbytes, dtype=np.uint8)
+        self._param_req = comm.Irecv(self._param_inbox, source=learner_rank, tag=TAG_PARAMS)
+        self._credit_inbox = np.zeros(1, dtype=np.int64)
+        self._credit_req = comm.Irecv(self._credit_inbox, source=learner_rank, tag=TAG_CREDIT)
+        self._control_req = comm.irecv(source=learner_rank, tag=TAG_CONTROL)
+        self._credits = 0
+        self._params_received = 0
+        self._stop_message: dict[str, Any] | None = None
+        self._backoff = Backoff()
+        self._inflight: list[tuple[MPI.Request, np.ndarray]] = []
+        self._stopped = False
+
+    def _poll_credits(self) -> None:
+        while self._credit_req.Test():
+            self._credits += int(self._credit_inbox[0])
+            self._backoff.reset()
+            self._credit_req = self._comm.Irecv(
+                self._credit_inbox, source=self._learner, tag=TAG_CREDIT
+            )
+
+    def _poll_stop(self) -> bool:
+        if not self._stopped:
+            arrived, message = self._control_req.test()
+            if arrived:
+                self._stopped, self._stop_message = True, message
+        return self._stopped
+
+    def poll_params(self) -> np.ndarray | None:
+        fresh = False
+        # Drain everything that arrived: only the newest version matters.
+        while self._param_req.Test():
+            self._params_received += 1
+            self._latest_params[...] = self._param_inbox
+            self._param_req = self._comm.Irecv(
+                self._param_inbox, source=self._learner, tag=TAG_PARAMS
+            )
+            fresh = True
+        if fresh:
+            self._backoff.reset()
+            return self._latest_params
+        return None
+
+    def stop_requested(self) -> bool:
+        return self._poll_stop()
+
+    def stop_details(self) -> dict[str, Any]:
+        """What the learner's stop request carried besides the stop itself."""
+        return dict(self._stop_message or {})
+
+    def idle(self) -> None:
+        FAILED_RANKS.check()
+        self._backoff.sleep()
+
+    def pump(self, queue: SegmentQueue) -> None:
+        self._poll_credits()
+        still_inflight = []
+        for request, buffer in self._inflight:
+            if request.Test():
+                queue.release(buffer)
+            else:
+                still_inflight.append((request, buffer))
+        self._inflight = still_inflight
+        while self._credits > 0 and queue.depth:
+            buffer = queue.pop_ready()
+            request = self._comm.Isend(buffer, dest=self._learner, tag=TAG_SEGMENT)
+            self._inflight.append((request, buffer))
+            self._credits -= 1
+
+    def flush(self, queue: SegmentQueue, timeout_s: float) -> None:
+        def sent() -> bool:
+            self.pump(queue)
+            return not self._inflight
+
+        wait_until(sent, timeout_s, lambda: f"{len(self._inflight)} segment sends to complete")
+
+    def send_final_report(self, report: dict[str, Any]) -> None:
+        # Take every parameter message the learner sent before it asked us to stop, so none of
+        # its sends is left unmatched when we cancel our receive.
+        sent = (self._stop_message or {}).get("params_sent", 0)
+
+        def all_received() -> bool:
+            self.poll_params()
+            return self._params_received >= sent
+
+        wait_until(all_received, 30.0, lambda: "the learner's last parameter message")
+        self._comm.send(dict(report), dest=self._learner, tag=TAG_FINAL)
+        for request in (self._param_req, self._credit_req):
+            request.Cancel()
+            request.Wait()
+        if not self._stopped:
+            self._control_req.cancel()
+
+
+class MPILearnerChannel:
+    """The learner's end of the MPI transport (see `LearnerChannel`).
+
+    For each env rank it keeps `max_inflight` posted receives, one per credit granted, and
+    consumes them round-robin (MPI matches messages from one source and tag in posting order).
+    """
+
+    def __init__(
+        self,
+        comm: MPI.Comm,
+        env_ranks: list[int],
+        segment_nbytes: list[int],
+        max_inflight: int,
+        param_nbytes: int,
+    ):
+        self._comm = comm
+        self._env_ranks = list(env_ranks)
+        self.num_env_ranks = len(env_ranks)
+        self._slots = [
+            [np.empty(nbytes, dtype=np.uint8) for _ in range(max_inflight)]
+            for nbytes in segment_nbytes
+        ]
+        self._slot_reqs: list[list[MPI.Request | None]] = [
+            [self._comm.Irecv(buf, source=rank, tag=TAG_SEGMENT) for buf in slots]
+            for rank, slots in zip(self._env_ranks, self._slots, strict=True)
+        ]
+        self._next_slot = [0] * self.num_env_ranks
+        self._small_sends: list[tuple[MPI.Request, Any]] = []
+        for rank in self._env_ranks:
+            self._send_credits(rank, max_inflight)
+        self._params = ParamBroadcast(comm, self._env_ranks, param_nbytes)
+        self._round_taken = False
+
+    def _send_credits(self, rank: int, count: int) -> None:
+        buffer = np.array([count], dtype=np.int64)
+        self._small_sends.append((self._comm.Isend(buffer, dest=rank, tag=TAG_CREDIT), buffer))
+        self._small_sends = [(r, b) for r, b in self._small_sends if not r.Test()]
+
+    def broadcast_params(self, message: np.ndarray) -> None:
+        self._params.send(message)
+
+    def receive_round(self, timeout_s: float) -> list[np.ndarray]:
+        waiting = set(range(self.num_env_ranks))
+
+        def arrived() -> bool:
+            for i in list(waiting):
+                if self._slot_reqs[i][self._next_slot[i]].Test():
+                    waiting.discard(i)
+            return not waiting
+
+        wait_until(
+            arrived,
+            timeout_s,
+            lambda: (
+                "a segment from env rank(s) "
+                + ", ".join(str(self._env_ranks[i]) for i in sorted(waiting))
+                + " (run.transport_timeout_s)"
+            ),
+        )
+        self._round_taken = True
+        return [self._slots[i][self._next_slot[i]] for i in range(self.num_env_ranks)]
+
+    def release_round(self) -> None:
+        if not self._round_taken:
+            return
+        for i, rank in enumerate(self._env_ranks):
+            slot = self._next_slot[i]
+            self._slot_reqs[i][slot] = self._comm.Irecv(
+                self._slots[i][slot], source=rank, tag=TAG_SEGMENT
+            )
+            self._next_slot[i] = (slot + 1) % len(self._slots[i])
+            self._send_credits(rank, 1)
+        self._round_taken = False
+
+    def request_stop(self) -> None:
+        stop = {"stop": True, "params_sent": self._params.sent}
+        for rank in self._env_ranks:
+            self._small_sends.append((self._comm.isend(stop, dest=rank, tag=TAG_CONTROL), None))
+
+    def collect_final_reports(
+        self, timeout_s: float
+    ) -> tuple[list[dict[str, Any]], list[tuple[int, np.ndarray]]]:
+        reports = []
+        for rank in self._env_ranks:
+            wait_until(
+                lambda r=rank: self._comm.Iprobe(source=r, tag=TAG_FINAL),
+                timeout_s,
+                lambda r=rank: f"the final report of env rank {r}",
+            )
+            reports.append(self._comm.recv(source=rank, tag=TAG_FINAL))
+        # Env ranks wait for their sends before reporting, so any segment still unmatched here
+        # was never sent; the ones that did arrive after the last round are counted, not lost.
+        late_segments = []
+        for i, requests in enumerate(self._slot_reqs):
+            for slot, request in enumerate(requests):
+                if self._round_taken and slot == self._next_slot[i]:
+                    continue  # completed and consumed by the last round
+                if not request.Test():
+                    request.Cancel()
+                    status = MPI.Status()
+                    request.Wait(status)
+                    if status.Is_cancelled():
+                        continue
+                late_segments.append((i, self._slots[i][slot].copy()))
+        finish_sends([r for r, _ in self._small_sends] + self._params.pending())
+        return reports, late_segments

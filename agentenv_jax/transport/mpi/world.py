@@ -1,0 +1,178 @@
+"""MPI start-up and the waiting every MPI channel shares: `MPIWorld`, failed-rank notices, the
+polled back-off wait, and the double-buffered parameter broadcast.
+
+NOTE: MPICH's blocking waits spin on a core. With several ranks per core that steals time from
+env stepping, so every wait here polls `Test` and sleeps with a short exponential back-off
+(20 us .. 250 us; a kernel sleep lasts at least ~60 us here) instead: idle ranks block rather
+than spin, and a round trip gains at most a quarter millisecond.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import time
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+from mpi4py import MPI
+
+from agentenv_jax.transport.base import TransportError
+from agentenv_jax.transport.messages import TAG_PARAMS
+
+
+class Backoff:
+    def __init__(self, first_s: float = 20e-6, max_s: float = 250e-6):
+        self._first, self._max, self._next = first_s, max_s, first_s
+
+    def sleep(self) -> None:
+        time.sleep(self._next)
+        self._next = min(self._next * 2, self._max)
+
+    def reset(self) -> None:
+        self._next = self._first
+
+
+def process_gone(pid: int) -> bool:
+    """Whether process `pid` of this host has exited (a zombie counts as gone)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:
+        return False
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] == "Z"
+    except (OSError, IndexError):
+        return False
+
+
+class FailedRankWatch:
+    """Names a rank of the job that has died, for the ranks that wait on it.
+
+    MPICH's mpiexec by default kills the whole job the moment one process dies and names only
+    its PID. Run with `-disable-auto-cleanup`, it keeps the survivors alive and sends them
+    SIGUSR1 instead (whose default action would kill them too). On that notice every wait checks
+    which ranks of this host have gone and names them at once; a rank that died on another host
+    is named by the rank waiting on it when run.transport_timeout_s runs out.
+    """
+
+    def __init__(self) -> None:
+        self.notice_received = False
+        self._local: dict[int, int] = {}  # rank -> pid, for the ranks on this host
+
+    def install(self, processes: dict[int, dict[str, Any]]) -> None:
+        host = socket.gethostname()
+        self._local = {r: int(p["pid"]) for r, p in processes.items() if p["host"] == host}
+        signal.signal(signal.SIGUSR1, self._on_notice)
+
+    def _on_notice(self, signum: int, frame: Any) -> None:
+        self.notice_received = True
+
+    def check(self) -> None:
+        """Raise `TransportError` naming the ranks of this host that have died, once the
+        launcher has said that a process of the job failed."""
+        if not self.notice_received:
+            return
+        dead = [rank for rank, pid in sorted(self._local.items()) if process_gone(pid)]
+        if dead:
+            raise TransportError(
+                ", ".join(f"rank {rank} (pid {self._local[rank]})" for rank in dead)
+                + " died; stopping the job"
+            )
+
+    def describe(self) -> str:
+        """A note for timeout messages."""
+        if self.notice_received:
+            return "; the launcher reported that a process of the job failed"
+        return ""
+
+
+FAILED_RANKS = FailedRankWatch()
+
+
+def wait_until(done: Callable[[], bool], timeout_s: float, what: Callable[[], str]) -> None:
+    deadline = time.monotonic() + timeout_s
+    backoff = Backoff()
+    while not done():
+        FAILED_RANKS.check()
+        if time.monotonic() > deadline:
+            raise TransportError(
+                f"timed out after {timeout_s:.0f} s waiting for {what()}" + FAILED_RANKS.describe()
+            )
+        backoff.sleep()
+
+
+class MPIWorld:
+    """COMM_WORLD as the launcher made it: size, rank, and the pickled start-up collectives."""
+
+    def __init__(self) -> None:
+        self.comm = MPI.COMM_WORLD
+        self.size = self.comm.Get_size()
+        self.rank = self.comm.Get_rank()
+
+    def allgather(self, value: Any) -> list[Any]:
+        """Every rank's `value` (a start-up or error-agreement collective; pickled).
+
+        Ranks reach it at very different times (the learner compiles for seconds); a
+        non-blocking barrier polled with back-off keeps the early ones from spinning a core.
+        """
+        barrier = self.comm.Ibarrier()
+        wait_until(barrier.Test, 3600.0, lambda: "every rank to finish starting up")
+        return self.comm.allgather(value)
+
+    def watch_for_failed_ranks(self, processes: dict[int, dict[str, Any]]) -> None:
+        """From now on, waits name a rank whose process died (see `FailedRankWatch`);
+        `processes` maps every rank to its `pid` and `host`."""
+        FAILED_RANKS.install(processes)
+
+    def abort(self, exit_code: int) -> None:
+        """Kill every rank of the job now (used after an unexpected error on one rank)."""
+        self.comm.Abort(exit_code)
+
+
+def finish_sends(requests: list[MPI.Request]) -> None:
+    """Give the last control and parameter sends a moment to complete at shutdown."""
+    try:
+        wait_until(
+            lambda: MPI.Request.Testall(requests),
+            5.0,
+            lambda: "the last control and parameter sends",
+        )
+    except TransportError:
+        pass  # an env rank that stopped never takes a stale message; nothing is lost
+
+
+class ParamBroadcast:
+    """Versioned parameter messages to every env rank, double-buffered so one can be in flight
+    while the next is written."""
+
+    def __init__(self, comm: MPI.Comm, env_ranks: list[int], nbytes: int):
+        self._comm = comm
+        self._env_ranks = env_ranks
+        self._buffers = [np.empty(nbytes, dtype=np.uint8) for _ in range(2)]
+        self._requests: list[list[MPI.Request]] = [[], []]
+        self._turn = 0
+        self.sent = 0  # messages sent to each env rank; the stop request carries it
+
+    def send(self, message: np.ndarray) -> None:
+        turn = self._turn
+        pending = self._requests[turn]
+        wait_until(
+            lambda: MPI.Request.Testall(pending),
+            600.0,
+            lambda: "env ranks to take an earlier parameter message",
+        )
+        self._buffers[turn][...] = message
+        self._requests[turn] = [
+            self._comm.Isend(self._buffers[turn], dest=rank, tag=TAG_PARAMS)
+            for rank in self._env_ranks
+        ]
+        self._turn = 1 - turn
+        self.sent += 1
+
+    def pending(self) -> list[MPI.Request]:
+        return [r for requests in self._requests for r in requests]
