@@ -206,7 +206,8 @@ def replay_plan(
     from agentenv_jax.buffers.replay import ReplayPartition
     from agentenv_jax.checkpoint import replay_files
     from agentenv_jax.checkpoint.store import CheckpointError
-    from agentenv_jax.learner.replay_loop import ReplayLearner, sac_networks_for
+    from agentenv_jax.learner.replay_loop import ReplayLearner
+    from agentenv_jax.learner.sac_training import sac_networks_for
     from agentenv_jax.networks.flat_params import FlatLayout
     from agentenv_jax.transport import messages
     from agentenv_jax.transport.inprocess import InProcessReplayTransport

@@ -319,7 +319,7 @@ def learner_rank(comm: Any, config: Any, args: argparse.Namespace, mode: str) ->
     """Rank 0: prefill, then the frozen phase (interleaved with the baselines), then stepping."""
     import jax
 
-    from agentenv_jax.learner.replay_loop import sac_networks_for
+    from agentenv_jax.learner.sac_training import sac_networks_for
     from agentenv_jax.networks.flat_params import FlatLayout
     from agentenv_jax.roles import prepare_env_rank, replay_plan
     from agentenv_jax.transport import messages

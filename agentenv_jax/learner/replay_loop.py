@@ -5,12 +5,8 @@ Each round the learner asks every partition for its share of the next batch — 
 split by the priority masses the partitions reported with their last answers — and, before
 training on the batch it just received, already sends the request for the next one (prefetch).
 Priorities computed from a batch therefore reach the partitions one round later; like Ape-X,
-sampling uses priorities at most one update old.
-
-Rate control (as Reverb's sample-to-insert limiter): the learner samples only while
-`sampled <= samples_per_insert * (inserted - learning_starts) + batch_size`, and grants env ranks
-an insert allowance of `learning_starts + sampled / samples_per_insert + slack`, so neither side
-runs away from the ratio, and neither can deadlock the other (slack >= one batch's worth).
+sampling uses priorities at most one update old. Sampling is paced against inserting by
+`learner.rate_limit`.
 """
 
 from __future__ import annotations
@@ -22,49 +18,20 @@ from typing import Any
 
 import jax
 import numpy as np
-import optax
-from jax.sharding import NamedSharding, PartitionSpec
 
-from agentenv_jax.algorithms.sac import SACHyperparams, init_sac_state, make_sac_update
 from agentenv_jax.buffers.replay import importance_weights, split_batch
 from agentenv_jax.config.schema import ExperimentConfig, SACConfig
 from agentenv_jax.envs.factory import EnvSpaces
 from agentenv_jax.learner.guards import check_finite
+from agentenv_jax.learner.rate_limit import insert_allowance, may_sample
+from agentenv_jax.learner.sac_training import make_sac_training
 from agentenv_jax.metrics.accounting import ReplayAccounting
 from agentenv_jax.metrics.logger import MetricsWriter, ProgressLine
-from agentenv_jax.networks.flat_params import FlatLayout
-from agentenv_jax.networks.sac_networks import make_sac_networks
-from agentenv_jax.parallel.mesh import BATCH_AXIS, make_mesh, replicated, row_constraint
+from agentenv_jax.parallel.mesh import make_mesh, replicated
 from agentenv_jax.transport.messages import REPLAY_COUNTERS
 from agentenv_jax.transport.spec import MessageSpec
 
 BATCH_FIELDS = ("obs", "action", "reward", "next_obs", "discount")
-
-
-def sac_networks_for(config: ExperimentConfig, spaces: EnvSpaces):
-    """The SAC networks of an experiment (shared by learner and env ranks)."""
-    return make_sac_networks(
-        spaces.obs_shape,
-        spaces.action_size,
-        config.network.actor_hidden,
-        config.network.critic_hidden,
-        config.network.activation,
-    )
-
-
-def insert_allowance(
-    algo: SACConfig, sampled: int, global_num_envs: int, learning_starts: int
-) -> int:
-    """Transitions env ranks may have inserted in total, given how many the learner sampled."""
-    slack = 2 * global_num_envs + math.ceil(algo.batch_size / algo.samples_per_insert)
-    return learning_starts + math.ceil(sampled / algo.samples_per_insert) + slack
-
-
-def may_sample(algo: SACConfig, sampled: int, inserted: int, learning_starts: int) -> bool:
-    """Whether one more batch keeps sampling within the samples-per-insert ratio."""
-    if inserted < learning_starts:
-        return False
-    return sampled <= algo.samples_per_insert * (inserted - learning_starts) + 0.5
 
 
 class ReplayLearner:
@@ -109,42 +76,11 @@ class ReplayLearner:
             ),
         )
 
-        networks = sac_networks_for(config, spaces)
-        init_key, train_key = jax.random.split(jax.random.PRNGKey(config.run.seed))
-        actor_params, critic_params = networks.init(init_key)
-        self._ravel_actor = jax.jit(FlatLayout(actor_params).ravel)
-        actor_opt = optax.adam(algo.actor_learning_rate)
-        critic_opt = optax.adam(algo.critic_learning_rate)
-        alpha_opt = optax.adam(algo.alpha_learning_rate)
-        target_entropy = (
-            -float(spaces.action_size) if algo.target_entropy is None else algo.target_entropy
-        )
         self.mesh = make_mesh(num_devices)
-        update = make_sac_update(
-            networks.actor_apply,
-            networks.critic_apply,
-            actor_opt,
-            critic_opt,
-            alpha_opt,
-            SACHyperparams(algo.tau, target_entropy),
-            constrain_rows=row_constraint(self.mesh),
-        )
-        state_sharding = replicated(self.mesh)
-        row_sharding = NamedSharding(self.mesh, PartitionSpec(BATCH_AXIS))
-        self._update = jax.jit(
-            update,
-            in_shardings=(state_sharding, row_sharding),
-            out_shardings=(state_sharding, state_sharding, row_sharding),
-            donate_argnums=(0,),
-        )
-        self.state = jax.device_put(
-            jax.jit(
-                lambda a, c, k: init_sac_state(
-                    a, c, actor_opt, critic_opt, alpha_opt, algo.initial_alpha, k
-                )
-            )(actor_params, critic_params, train_key),
-            state_sharding,
-        )
+        training = make_sac_training(config, spaces, self.mesh)
+        self._update = training.update
+        self._ravel_actor = training.ravel_actor
+        self.state = training.initial_state
 
         self._param_message = param_spec.allocate()
         self._requests = [request_spec.allocate() for _ in range(self._num_partitions)]
@@ -246,7 +182,8 @@ class ReplayLearner:
         allowance = 0
         if self._heard_from_partitions:
             allowance = insert_allowance(
-                self._algo,
+                self._algo.batch_size,
+                self._algo.samples_per_insert,
                 self.sampled + int(counts.sum()),
                 self._global_num_envs,
                 self._learning_starts(),
@@ -268,7 +205,9 @@ class ReplayLearner:
         if (
             budget_left
             and self._masses.sum() > 0
-            and may_sample(self._algo, self.sampled, inserted, self._learning_starts())
+            and may_sample(
+                self._algo.samples_per_insert, self.sampled, inserted, self._learning_starts()
+            )
         ):
             return split_batch(self._algo.batch_size, self._masses, self._rng)
         return np.zeros(self._num_partitions, np.int64)

@@ -1,0 +1,80 @@
+"""What the SAC learner trains with: the networks of an experiment, its optimizers, the update
+jitted over the device mesh (state replicated, batch rows sharded), and the initial state."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import optax
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+from agentenv_jax.algorithms.sac import SACHyperparams, init_sac_state, make_sac_update
+from agentenv_jax.config.schema import ExperimentConfig, SACConfig
+from agentenv_jax.envs.factory import EnvSpaces
+from agentenv_jax.networks.flat_params import FlatLayout
+from agentenv_jax.networks.sac_networks import make_sac_networks
+from agentenv_jax.parallel.mesh import BATCH_AXIS, replicated, row_constraint
+
+
+def sac_networks_for(config: ExperimentConfig, spaces: EnvSpaces):
+    """The SAC networks of an experiment (shared by learner and env ranks)."""
+    return make_sac_networks(
+        spaces.obs_shape,
+        spaces.action_size,
+        config.network.actor_hidden,
+        config.network.critic_hidden,
+        config.network.activation,
+    )
+
+
+@dataclasses.dataclass(frozen=True)
+class SACTraining:
+    """`update(state, batch) -> (state, metrics, td_errors)`, jitted with the state donated;
+    the initial state, on the mesh; and the actor parameters' flattening for broadcasts."""
+
+    update: Callable
+    initial_state: Any
+    ravel_actor: Callable
+
+
+def make_sac_training(config: ExperimentConfig, spaces: EnvSpaces, mesh: Mesh) -> SACTraining:
+    algo = config.algorithm
+    assert isinstance(algo, SACConfig)
+    networks = sac_networks_for(config, spaces)
+    init_key, train_key = jax.random.split(jax.random.PRNGKey(config.run.seed))
+    actor_params, critic_params = networks.init(init_key)
+    actor_opt = optax.adam(algo.actor_learning_rate)
+    critic_opt = optax.adam(algo.critic_learning_rate)
+    alpha_opt = optax.adam(algo.alpha_learning_rate)
+    target_entropy = (
+        -float(spaces.action_size) if algo.target_entropy is None else algo.target_entropy
+    )
+    update = make_sac_update(
+        networks.actor_apply,
+        networks.critic_apply,
+        actor_opt,
+        critic_opt,
+        alpha_opt,
+        SACHyperparams(algo.tau, target_entropy),
+        constrain_rows=row_constraint(mesh),
+    )
+    state_sharding = replicated(mesh)
+    row_sharding = NamedSharding(mesh, PartitionSpec(BATCH_AXIS))
+    initial_state = jax.jit(
+        lambda a, c, k: init_sac_state(
+            a, c, actor_opt, critic_opt, alpha_opt, algo.initial_alpha, k
+        )
+    )(actor_params, critic_params, train_key)
+    return SACTraining(
+        update=jax.jit(
+            update,
+            in_shardings=(state_sharding, row_sharding),
+            out_shardings=(state_sharding, state_sharding, row_sharding),
+            donate_argnums=(0,),
+        ),
+        initial_state=jax.device_put(initial_state, state_sharding),
+        ravel_actor=jax.jit(FlatLayout(actor_params).ravel),
+    )
