@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
 
 from agentenv_jax import supervisor
@@ -111,6 +112,12 @@ def main(argv: list[str] | None = None) -> int:
             print(yaml.safe_dump(config_to_dict(config), sort_keys=False), end="")
             return 0
         train(config, resume=resume is not None)
+        # The run has ended and saved. A late copy of its stop request (Slurm signals each
+        # process of a step as well as its parent) must not turn this clean exit into a kill.
+        from agentenv_jax.learner.session import STOP_SIGNALS
+
+        for sig in STOP_SIGNALS:
+            signal.signal(sig, signal.SIG_IGN)
     except (ConfigError, EnvError, MeshError, StartupError, CheckpointError) as err:
         # Every rank sees the same error; one message is enough.
         if _is_lead_rank():

@@ -109,7 +109,11 @@ def _check_run_dir(config: ExperimentConfig, resume: bool) -> None:
     if resume or config.run.name is None:
         return  # resuming is the point; unnamed runs get a fresh timestamped folder
     path = Path(config.run.run_dir) / config.run.name
-    if (path / "metrics.jsonl").exists() or (path / "checkpoints").exists():
+    checkpoints = path / "checkpoints"
+    # A start called off early leaves at most an empty checkpoints folder: not a run.
+    if (path / "metrics.jsonl").exists() or (
+        checkpoints.is_dir() and any(p.name.isdigit() for p in checkpoints.iterdir())
+    ):
         raise ConfigError(
             f"run.name = {config.run.name!r}: {path} already holds a run; continue it with "
             f"`agentenv train --resume {path}`, or choose another run.name"
@@ -273,9 +277,11 @@ def run_single_process(config: ExperimentConfig, resume: bool = False) -> TrainR
     actor = plan.make_actor(vector_env, transport.actor)
     run_dir, writer, progress = _learner_outputs(config)
     started = time.perf_counter()
+    session = None
     try:
         learner = plan.make_learner(transport.learner, num_devices, writer, progress)
         session = LearnerSession(learner, config, run_dir, resume)
+        session.record_start({0: {"pid": os.getpid(), "host": socket.gethostname()}})
         save_config(config, run_dir / "config.yaml")
         session.install_signal_handlers()
         learner.start()
@@ -294,11 +300,13 @@ def run_single_process(config: ExperimentConfig, resume: bool = False) -> TrainR
             learner.finish()
         finally:
             session.close()  # the final checkpoint, with the run's accounting when complete
+        return _summarize(
+            run_dir, learner, time.perf_counter() - started, topology, session.interrupted
+        )
     finally:
         writer.close()
-    return _summarize(
-        run_dir, learner, time.perf_counter() - started, topology, session.interrupted
-    )
+        if session is not None:
+            session.restore_signal_handlers()
 
 
 def run_mpi(config: ExperimentConfig, resume: bool = False) -> TrainResult:
@@ -352,26 +360,31 @@ def run_mpi(config: ExperimentConfig, resume: bool = False) -> TrainResult:
     # Second agreement: building the roles can fail too (a checkpoint that does not fit).
     started = time.perf_counter()
     error = None
-    learner = session = actor = writer = None
+    learner = session = actor = channel = None
     try:
         if topology.is_learner:
             channel = plan.make_mpi_learner_channel(world)
             run_dir, writer, progress = _learner_outputs(config)
             learner = plan.make_learner(channel, num_devices, writer, progress)
             session = LearnerSession(learner, config, run_dir, resume)
-            session.record_start(processes)
         else:
-            actor = plan.make_actor(vector_env, plan.make_mpi_actor_channel(world))
+            channel = plan.make_mpi_actor_channel(world)
+            actor = plan.make_actor(vector_env, channel)
     except Exception as err:
         error = _describe(err)
     try:
         _agree(world, error)
     except StartupError:
-        if writer is not None:
-            writer.close()
+        if channel is not None:
+            channel.abandon()
+        if session is not None:
+            session.store.close()
+        if topology.is_env_rank and actor is None:
+            vector_env.close()  # an actor closes it at its end; this one never began
         raise
 
     if topology.is_learner:
+        session.record_start(processes)
         save_config(config, run_dir / "config.yaml")
         try:
             session.install_signal_handlers()
@@ -385,11 +398,12 @@ def run_mpi(config: ExperimentConfig, resume: bool = False) -> TrainResult:
                 learner.finish()
             finally:
                 session.close()  # the final checkpoint, with the run's accounting when complete
+            return _summarize(
+                run_dir, learner, time.perf_counter() - started, topology, session.interrupted
+            )
         finally:
             writer.close()
-        return _summarize(
-            run_dir, learner, time.perf_counter() - started, topology, session.interrupted
-        )
+            session.restore_signal_handlers()
 
     while actor.run_once():
         pass

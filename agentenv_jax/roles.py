@@ -28,6 +28,15 @@ def single_threaded_xla() -> None:
         os.environ["XLA_FLAGS"] = f"{flags} --xla_cpu_multi_thread_eigen=false".strip()
 
 
+def env_rank_timeout_s(config: ExperimentConfig) -> float:
+    """How long an env rank waits for the learner before it gives up: twice
+    `run.transport_timeout_s`. When one env rank falls silent, the learner (which waits on it)
+    must be the first to run out and name it; the other env ranks, waiting on the learner,
+    would otherwise sometimes give up first and name nobody useful. It also gives the
+    learner's first compilation more room."""
+    return 2.0 * config.run.transport_timeout_s
+
+
 def prepare_env_rank(config: ExperimentConfig, topology: Topology):
     from agentenv_jax.envs.factory import (
         EnvError,
@@ -114,7 +123,7 @@ def build_actor(
         clip_reward=config.env.clip_reward,
         max_inflight_segments=config.topology.max_inflight_segments,
         max_policy_lag=getattr(config.algorithm, "max_policy_lag", 0),
-        timeout_s=config.run.transport_timeout_s,
+        timeout_s=env_rank_timeout_s(config),
     )
 
 
@@ -274,7 +283,7 @@ def replay_plan(
             env_offset=offset,
             # A restored partition already holds experience: no uniform-random warm-up.
             random_steps=0 if partition.size else round(algo.learning_starts * share),
-            timeout_s=config.run.transport_timeout_s,
+            timeout_s=env_rank_timeout_s(config),
             save_partition=save_partition if config.checkpoint.save_replay else None,
         )
 

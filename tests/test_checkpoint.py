@@ -275,7 +275,8 @@ def test_a_new_run_refuses_an_existing_run_folder(tmp_path):
 def test_replay_partitions_saved_per_env_rank_restore_over_more_ranks(tmp_path):
     """SAC with checkpoint.save_replay: 2 env ranks save their partitions with each checkpoint;
     the run resumed with 3 env ranks loads every saved transition back and goes on learning at
-    once, where a refilled buffer would still be waiting for learning_starts."""
+    once, where a refilled buffer would still be waiting for learning_starts. Then a damaged
+    partition file makes the next resume a clean refusal."""
     run_dir = tmp_path / "sac"
     first = run_command(
         [
@@ -331,6 +332,30 @@ def test_replay_partitions_saved_per_env_rank_restore_over_more_ranks(tmp_path):
     assert final["updates"] - saved["updates"] >= 300
     records = read_metrics(run_dir / "metrics.jsonl")
     assert records[-1]["replay/restored"] == stored
+
+    # A saved partition that cannot be read is found by an env rank while the roles are built,
+    # after the learner has restored its checkpoint: the start is still called off on every
+    # rank with one message naming the file, MPI finalizes with no request left pending, and
+    # no file of the run changes (events and config included).
+    damaged = sorted((run_dir / "replay").glob("*/partition-0-of-3.npz"))[-1]
+    damaged.write_text("not an archive\n")
+    before = _files(run_dir)
+    refused = run_command(
+        [
+            mpiexec_path(),
+            "-n",
+            "3",
+            *agentenv_command("train", "--resume", str(run_dir)),
+            *settings("run.total_env_steps=2400"),
+        ],
+        timeout=60,
+        cwd=REPO,
+    )
+    assert refused.returncode != 0
+    assert refused.stderr.count("agentenv: error:") == 1, refused.stderr[-3000:]
+    assert f"cannot read saved replay partition {damaged}" in refused.stderr
+    assert "Traceback" not in refused.stderr and "pending" not in refused.stderr
+    assert _files(run_dir) == before
 
 
 def test_replay_partition_saved_and_restored_in_one_process(tmp_path):

@@ -144,7 +144,7 @@ class Actor:
                 raise TransportError(
                     f"env rank waited {self._timeout_s:.0f} s for parameters version "
                     f">= {max(0, self._sequence - self._max_policy_lag)} or a credit "
-                    "(run.transport_timeout_s)"
+                    "(twice run.transport_timeout_s): the learner is silent"
                 )
             self._channel.idle()
         if self.stopped:

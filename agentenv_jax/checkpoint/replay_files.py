@@ -70,7 +70,10 @@ def load_share(
             with np.load(path) as data:
                 snapshot = {name: data[name] for name in data.files}
         except (OSError, ValueError, KeyError) as err:
-            raise CheckpointError(f"cannot read saved replay partition {path}: {err}") from err
+            raise CheckpointError(
+                f"cannot read saved replay partition {path} (not a numpy .npz archive as "
+                f"saved: {err}); to resume with empty partitions, move {folder} away"
+            ) from err
         if num_saved != num_partitions:
             snapshot = {
                 name: value if value.ndim == 0 else value[index::num_partitions]

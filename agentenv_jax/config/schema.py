@@ -258,7 +258,7 @@ class RunConfig:
     name: str | None = None  # run directory name (None: <env>-<algorithm>-<timestamp>)
     progress: bool = True  # live progress line on the lead rank
     progress_interval_s: float = 5.0  # seconds between progress lines when not on a terminal
-    transport_timeout_s: float = 120.0  # give up when a peer sends nothing for this long
+    transport_timeout_s: float = 120.0  # learner gives up on a silent env rank (env ranks: 2x)
 
     def validate(self, prefix: str) -> None:
         _require(

@@ -111,12 +111,12 @@ class LearnerSession:
         self._first_signal_at: float | None = None
         self._previous_handlers: dict[int, Any] = {}
         self._last_saved_update = -1
+        self._resumed = resume
         if resume:
             check_compatible(self.store.read_meta()["config"], config, self.store.directory)
             state, meta = self.store.restore(learner.state)
             learner.restore(state, meta["learner"])
             self._last_saved_update = learner.updates
-            self._event("resume", state_checksum=state_checksum(learner.state))
 
     def _event(self, kind: str, **fields: Any) -> None:
         """One line in RUN_DIR/events.jsonl: resumes, checkpoints, interruptions."""
@@ -125,8 +125,12 @@ class LearnerSession:
             f.write(json.dumps(record) + "\n")
 
     def record_start(self, processes: dict[int, dict[str, Any]]) -> None:
-        """Which process plays which rank, for whoever has to find a stuck or dead one."""
+        """Once every rank has started: which process plays which rank (for whoever has to
+        find a stuck or dead one) and, for a resumed run, the restored state's checksum. A
+        start that is called off before this writes nothing into the run."""
         self._event("start", processes={str(rank): info for rank, info in processes.items()})
+        if self._resumed:
+            self._event("resume", state_checksum=state_checksum(self.learner.state))
 
     def _on_signal(self, signum: int, frame: Any) -> None:
         # One request can arrive twice: from the rank's supervisor and, under Slurm, which
@@ -136,11 +140,20 @@ class LearnerSession:
             self._first_signal_at = now
             self.interrupted = True
         elif now - self._first_signal_at > _SAME_REQUEST_S:
+            self._event("interrupted", at_once=True)
             raise KeyboardInterrupt
 
     def install_signal_handlers(self) -> None:
+        """Take stop signals until `restore_signal_handlers`, which the caller does only once
+        the run has returned: a copy of the request that arrives after the final checkpoint
+        must still count as the same request."""
         for sig in STOP_SIGNALS:
             self._previous_handlers[sig] = signal.signal(sig, self._on_signal)
+
+    def restore_signal_handlers(self) -> None:
+        for sig, handler in self._previous_handlers.items():
+            signal.signal(sig, handler)
+        self._previous_handlers.clear()
 
     @property
     def running(self) -> bool:
@@ -187,5 +200,3 @@ class LearnerSession:
         if self._final_save_due():
             self.save()
         self.store.close()
-        for sig, handler in self._previous_handlers.items():
-            signal.signal(sig, handler)

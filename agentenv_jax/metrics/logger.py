@@ -33,10 +33,14 @@ class MetricsWriter:
     def __init__(self, path: Path):
         self.path = Path(path)
         self.timings_path = self.path.with_name("timings.jsonl")
-        self._file = open(self.path, "a", buffering=1)  # noqa: SIM115 - closed in close()
-        self._timings = open(self.timings_path, "a", buffering=1)  # noqa: SIM115
+        # Opened (for appending) at the first record, so a run that never starts leaves none.
+        self._file: TextIO | None = None
+        self._timings: TextIO | None = None
 
     def write(self, record: dict[str, Any]) -> None:
+        if self._file is None or self._timings is None:
+            self._file = open(self.path, "a", buffering=1)  # noqa: SIM115 - closed in close()
+            self._timings = open(self.timings_path, "a", buffering=1)  # noqa: SIM115
         metrics = {k: _jsonable(v) for k, v in record.items() if not is_timing(k)}
         timings = {"update": record.get("update")} | {
             k: _jsonable(v) for k, v in record.items() if is_timing(k)
@@ -45,8 +49,9 @@ class MetricsWriter:
         self._timings.write(json.dumps(timings) + "\n")
 
     def close(self) -> None:
-        self._file.close()
-        self._timings.close()
+        for stream in (self._file, self._timings):
+            if stream is not None:
+                stream.close()
 
 
 def read_metrics(path: str | Path) -> list[dict[str, Any]]:

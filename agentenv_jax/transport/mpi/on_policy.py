@@ -20,6 +20,7 @@ from agentenv_jax.transport.mpi.world import (
     FAILED_RANKS,
     Backoff,
     ParamBroadcast,
+    cancel_receives,
     finish_sends,
     wait_until,
 )
@@ -43,6 +44,10 @@ class MPIActorChannel:
         self._backoff = Backoff()
         self._inflight: list[tuple[MPI.Request, np.ndarray]] = []
         self._stopped = False
+
+    def abandon(self) -> None:
+        """The start was called off before any segment moved: withdraw the posted receives."""
+        cancel_receives([self._param_req, self._credit_req, self._control_req])
 
     def _poll_credits(self) -> None:
         while self._credit_req.Test():
@@ -157,6 +162,12 @@ class MPILearnerChannel:
             self._send_credits(rank, max_inflight)
         self._params = ParamBroadcast(comm, self._env_ranks, param_nbytes)
         self._round_taken = False
+
+    def abandon(self) -> None:
+        """The start was called off before any segment moved: withdraw the posted receives
+        and let the credits already sent go."""
+        cancel_receives([r for slots in self._slot_reqs for r in slots])
+        finish_sends([request for request, _ in self._small_sends])
 
     def _send_credits(self, rank: int, count: int) -> None:
         buffer = np.array([count], dtype=np.int64)

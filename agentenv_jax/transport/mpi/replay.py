@@ -20,6 +20,7 @@ from agentenv_jax.transport.mpi.on_policy import MPIActorChannel
 from agentenv_jax.transport.mpi.world import (
     FAILED_RANKS,
     ParamBroadcast,
+    cancel_receives,
     finish_sends,
     wait_until,
 )
@@ -52,6 +53,10 @@ class MPIReplayActorChannel(MPIActorChannel):
         self._answer_reqs: list[MPI.Request | None] = [None, None]
         self._answer_turn = 0
         self._taken: np.ndarray | None = None
+
+    def abandon(self) -> None:
+        super().abandon()
+        cancel_receives([self._request_req, self._priority_req])
 
     def _take(self, request_attr: str, inbox: np.ndarray, tag: int) -> np.ndarray | None:
         if not getattr(self, request_attr).Test():
@@ -109,6 +114,9 @@ class MPIReplayLearnerChannel:
         self._priority_bufs = [np.empty(priority_nbytes, dtype=np.uint8) for _ in env_ranks]
         self._priority_reqs: list[MPI.Request | None] = [None] * self.num_env_ranks
         self._small_sends: list[MPI.Request] = []
+
+    def abandon(self) -> None:
+        """The start was called off: nothing is posted before the first request."""
 
     def broadcast_params(self, message: np.ndarray) -> None:
         self._params.send(message)

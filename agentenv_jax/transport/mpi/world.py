@@ -134,6 +134,16 @@ class MPIWorld:
         self.comm.Abort(exit_code)
 
 
+def cancel_receives(requests: list[MPI.Request | None]) -> None:
+    """Withdraw posted receives when a start is called off, so that MPI finalizes without
+    requests still pending (MPICH would say so, once per rank). One that already matched a
+    message cannot be cancelled and simply completes."""
+    for request in requests:
+        if request is not None:
+            request.Cancel()
+            request.Wait()
+
+
 def finish_sends(requests: list[MPI.Request]) -> None:
     """Give the last control and parameter sends a moment to complete at shutdown."""
     try:
