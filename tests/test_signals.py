@@ -293,6 +293,54 @@ def test_a_silent_env_rank_is_named_after_the_transport_timeout(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize(
+    "experiment, message",
+    [
+        ("cartpole_ppo.yaml", "env rank waited 16 s for parameters version"),
+        ("pendulum_sac.yaml", "env rank heard nothing from the learner for 16 s"),
+    ],
+    ids=["ppo", "sac"],
+)
+def test_a_silent_learner_is_named_by_an_env_rank(tmp_path, experiment, message):
+    """A learner that stops answering is noticed by the env ranks after twice
+    run.transport_timeout_s (on-policy: waiting for parameters; replay: waiting for requests
+    while the rate limiter holds them back), and the job stops."""
+    run_dir = tmp_path / "silent"
+    proc = start_job(
+        [
+            mpiexec_path(),
+            "-n",
+            "3",
+            *agentenv_command("train", str(EXPERIMENTS / experiment)),
+            *settings(
+                f"run.run_dir={tmp_path}",
+                "run.name=silent",
+                "run.transport_timeout_s=8",
+                "run.progress=false",
+            ),
+            *(settings("algorithm.log_interval=10") if "sac" in experiment else []),
+        ]
+    )
+    pid = None
+    try:
+        wait_for_updates(proc, run_dir, 2, timeout=120)
+        start = next(e for e in _events(run_dir) if e["event"] == "start")
+        pid = start["processes"]["0"]["pid"]
+        os.kill(pid, signal.SIGSTOP)
+        stopped_at = time.monotonic()
+        _, stderr = proc.communicate(timeout=60)
+        ended_after = time.monotonic() - stopped_at
+    finally:
+        if pid is not None:
+            _end_rank(pid)
+        _kill_group(proc)
+    assert proc.returncode != 0
+    assert message in stderr and "the learner is silent" in stderr, stderr[-3000:]
+    # The wait that ran out may have begun a round before the learner stopped.
+    assert 10 < ended_after < 50, ended_after
+
+
+@pytest.mark.slow
 def test_every_minutes_checkpoints_on_a_clock(tmp_path):
     """`checkpoint.every_minutes` alone (no count) saves each time that long has passed since
     the last save; 0 turns it off, leaving only the final checkpoint."""

@@ -15,6 +15,7 @@ from agentenv_jax.actor.policy import SquashedGaussianPolicy
 from agentenv_jax.buffers.replay import ReplayPartition
 from agentenv_jax.envs.factory import EnvSpaces, autoreset_mode
 from agentenv_jax.envs.faults import fault_mask
+from agentenv_jax.transport.base import TransportError
 from agentenv_jax.transport.messages import MAX_EPISODES_PER_ANSWER, REPLAY_COUNTERS
 from agentenv_jax.transport.spec import MessageSpec
 
@@ -71,6 +72,7 @@ class ReplayActor:
         self._allowance = 0
         self._request: np.ndarray | None = None
         self._seconds = np.zeros(3)  # env stepping, inference, serving
+        self._last_heard = time.perf_counter()  # the learner's last request or priorities
         self.produced = 0
         self.env_faults = 0
         self.stopped = False
@@ -115,9 +117,17 @@ class ReplayActor:
             )
             served = True
         self._seconds[2] += time.perf_counter() - tick
+        now = time.perf_counter()
+        if served:
+            self._last_heard = now
         if self._can_step():
             self._step()
         elif not served:
+            if now - self._last_heard > self._timeout_s:
+                raise TransportError(
+                    f"env rank heard nothing from the learner for {self._timeout_s:.0f} s while "
+                    "it could not step (twice run.transport_timeout_s): the learner is silent"
+                )
             self._channel.idle()
         return True
 
