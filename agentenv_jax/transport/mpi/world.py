@@ -131,6 +131,10 @@ class MPIWorld:
 
     def abort(self, exit_code: int) -> None:
         """Kill every rank of the job now (used after an unexpected error on one rank)."""
+        # NOTE: what this rank just printed travels through the launcher's proxy, which the
+        # abort tears down; on a loaded machine the message was sometimes lost. A moment's
+        # grace lets the proxy forward it first.
+        time.sleep(0.5)
         self.comm.Abort(exit_code)
 
 
