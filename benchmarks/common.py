@@ -3,6 +3,7 @@ reading their results, and the per-seed report's arithmetic."""
 
 from __future__ import annotations
 
+import argparse
 import json
 import math
 import os
@@ -69,6 +70,33 @@ def run_script_under_mpiexec(
             f"mpiexec -n {ranks} failed (exit {done.returncode}):\n{done.stdout}\n{done.stderr}"
         )
     return results_in(done.stdout, result_prefix)
+
+
+def add_mpi_job_arguments(parser: argparse.ArgumentParser, job_timeout_s: float) -> None:
+    """The options of a benchmark that runs itself as an MPI job: its limits, a JSON copy of
+    the results, and the hidden flag its ranks are started with (`worker_args`)."""
+    parser.add_argument("--timeout", type=float, default=60.0, help="transport wait limit (s)")
+    parser.add_argument(
+        "--job-timeout", type=float, default=job_timeout_s, help="mpiexec job limit (s)"
+    )
+    parser.add_argument("--json", type=Path, help="also write the raw results to this file")
+    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+
+
+def worker_args() -> list[str]:
+    """The arguments of this script's ranks: the options it was given, plus `--worker`."""
+    return ["--worker", *sys.argv[1:]]
+
+
+def mpi_software() -> str:
+    """The machine and the software an MPI benchmark's numbers depend on, for its header."""
+    import mpi4py
+    import numpy as np
+
+    return (
+        f"{os.cpu_count()} CPUs, python {sys.version.split()[0]}, mpi4py {mpi4py.__version__}, "
+        f"numpy {np.__version__}"
+    )
 
 
 def run_rank_or_abort(rank_work: Callable[[], Any]) -> None:

@@ -49,9 +49,7 @@ import argparse
 import dataclasses
 import json
 import math
-import os
 import statistics
-import sys
 import time
 import types
 from collections.abc import Callable
@@ -59,7 +57,13 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from common import run_rank_or_abort, run_script_under_mpiexec
+from common import (
+    add_mpi_job_arguments,
+    mpi_software,
+    run_rank_or_abort,
+    run_script_under_mpiexec,
+    worker_args,
+)
 
 REPO = Path(__file__).resolve().parent.parent
 DEFAULT_CONFIG = REPO / "experiments" / "pendulum_sac.yaml"
@@ -455,36 +459,9 @@ def worker(args: argparse.Namespace) -> None:
 
 
 def launch(args: argparse.Namespace, partitions: int) -> list[dict[str, Any]]:
-    worker_args = [
-        "--worker",
-        "--config",
-        str(args.config),
-        "--modes",
-        *args.modes,
-        "--phases",
-        *args.phases,
-        "--batch-size",
-        str(args.batch_size),
-        "--capacity",
-        str(args.capacity),
-        "--envs",
-        str(args.envs),
-        "--rounds",
-        str(args.rounds),
-        "--chunk-seconds",
-        str(args.chunk_seconds),
-        "--warmup-seconds",
-        str(args.warmup_seconds),
-        "--work-ms",
-        str(args.work_ms),
-        "--seed",
-        str(args.seed),
-        "--timeout",
-        str(args.timeout),
-    ]
     started = time.perf_counter()
     results = run_script_under_mpiexec(
-        __file__, partitions + 1, worker_args, RESULT_PREFIX, args.job_timeout
+        __file__, partitions + 1, worker_args(), RESULT_PREFIX, args.job_timeout
     )
     for result in results:
         result["job_s"] = time.perf_counter() - started
@@ -572,10 +549,7 @@ def _parser() -> argparse.ArgumentParser:
         "--work-ms", type=float, default=0.0, help="busy CPU ms per batch on rank 0 (an update)"
     )
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--timeout", type=float, default=60.0, help="transport wait limit (s)")
-    parser.add_argument("--job-timeout", type=float, default=600.0, help="mpiexec job limit (s)")
-    parser.add_argument("--json", type=Path, help="also write the raw results to this file")
-    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    add_mpi_job_arguments(parser, job_timeout_s=600.0)
     return parser
 
 
@@ -584,12 +558,9 @@ def main() -> None:
     if args.worker:
         run_rank_or_abort(lambda: worker(args))
         return
-    import mpi4py
-
     print(
         f"replay sampling: batch {args.batch_size}, capacity {args.capacity:,} in total, "
-        f"{args.envs} Pendulum-v1 envs over all partitions; {os.cpu_count()} CPUs, python "
-        f"{sys.version.split()[0]}, mpi4py {mpi4py.__version__}, numpy {np.__version__}"
+        f"{args.envs} Pendulum-v1 envs over all partitions; {mpi_software()}"
     )
     print(
         f"{args.rounds} rounds of ~{args.chunk_seconds:g} s per side; frozen rows interleave "

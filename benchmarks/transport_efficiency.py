@@ -19,15 +19,18 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
-import sys
 import time
-from pathlib import Path
 from typing import Any
 
 import numpy as np
-from common import run_rank_or_abort, run_script_under_mpiexec
+from common import (
+    add_mpi_job_arguments,
+    mpi_software,
+    run_rank_or_abort,
+    run_script_under_mpiexec,
+    worker_args,
+)
 
 GOAL = 0.8
 RESULT_PREFIX = "TRANSPORT_EFFICIENCY_RESULT "
@@ -176,24 +179,7 @@ def worker(args: argparse.Namespace) -> None:
 
 
 def launch(args: argparse.Namespace) -> list[dict[str, Any]]:
-    worker_args = [
-        "--worker",
-        "--envs",
-        *map(str, args.envs),
-        "--credits",
-        *map(str, args.credits),
-        "--rollout-length",
-        str(args.rollout_length),
-        "--rounds",
-        str(args.rounds),
-        "--seconds",
-        str(args.seconds),
-        "--chunk-seconds",
-        str(args.chunk_seconds),
-        "--timeout",
-        str(args.timeout),
-    ]
-    return run_script_under_mpiexec(__file__, 2, worker_args, RESULT_PREFIX, args.job_timeout)
+    return run_script_under_mpiexec(__file__, 2, worker_args(), RESULT_PREFIX, args.job_timeout)
 
 
 def print_report(results: list[dict[str, Any]]) -> None:
@@ -251,10 +237,7 @@ def _parser() -> argparse.ArgumentParser:
         default=0.05,
         help="approx. seconds per chunk: the two sides alternate chunk by chunk",
     )
-    parser.add_argument("--timeout", type=float, default=60.0, help="transport wait limit (s)")
-    parser.add_argument("--job-timeout", type=float, default=900.0, help="mpiexec job limit (s)")
-    parser.add_argument("--json", type=Path, help="also write the raw timings to this file")
-    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    add_mpi_job_arguments(parser, job_timeout_s=900.0)
     return parser
 
 
@@ -263,12 +246,7 @@ def main() -> None:
     if args.worker:
         run_rank_or_abort(lambda: worker(args))
         return
-    import mpi4py
-
-    print(
-        f"transport efficiency: mpiexec -n 2 on {os.cpu_count()} CPUs, python "
-        f"{sys.version.split()[0]}, mpi4py {mpi4py.__version__}, numpy {np.__version__}"
-    )
+    print(f"transport efficiency: mpiexec -n 2 on {mpi_software()}")
     print(
         f"{args.rounds} rounds of ~{args.seconds:g} s per side; ratio = transport / raw "
         f"Send-Recv bytes/s, median over rounds (goal >= {GOAL})\n"
