@@ -22,6 +22,7 @@ from agentenv_jax.transport.mpi.world import (
     ParamBroadcast,
     cancel_receives,
     finish_sends,
+    receive_final_reports,
     wait_until,
 )
 
@@ -218,14 +219,7 @@ class MPILearnerChannel:
     def collect_final_reports(
         self, timeout_s: float
     ) -> tuple[list[dict[str, Any]], list[tuple[int, np.ndarray]]]:
-        reports = []
-        for rank in self._env_ranks:
-            wait_until(
-                lambda r=rank: self._comm.Iprobe(source=r, tag=TAG_FINAL),
-                timeout_s,
-                lambda r=rank: f"the final report of env rank {r}",
-            )
-            reports.append(self._comm.recv(source=rank, tag=TAG_FINAL))
+        reports = receive_final_reports(self._comm, self._env_ranks, timeout_s)
         # Env ranks wait for their sends before reporting, so any segment still unmatched here
         # was never sent; the ones that did arrive after the last round are counted, not lost.
         late_segments = []

@@ -11,7 +11,6 @@ from mpi4py import MPI
 
 from agentenv_jax.transport.messages import (
     TAG_CONTROL,
-    TAG_FINAL,
     TAG_PRIORITIES,
     TAG_SAMPLE_ANSWER,
     TAG_SAMPLE_REQUEST,
@@ -22,6 +21,7 @@ from agentenv_jax.transport.mpi.world import (
     ParamBroadcast,
     cancel_receives,
     finish_sends,
+    receive_final_reports,
     wait_until,
 )
 
@@ -186,14 +186,7 @@ class MPIReplayLearnerChannel:
     ) -> tuple[list[dict[str, Any]], list[tuple[int, np.ndarray]]]:
         """Every env rank's final report, and the answers (env-rank index, buffer) to the last
         request that arrived after the learner stopped taking them (the prefetched batch)."""
-        reports = []
-        for rank in self._env_ranks:
-            wait_until(
-                lambda r=rank: self._comm.Iprobe(source=r, tag=TAG_FINAL),
-                timeout_s,
-                lambda r=rank: f"the final report of env rank {r}",
-            )
-            reports.append(self._comm.recv(source=rank, tag=TAG_FINAL))
+        reports = receive_final_reports(self._comm, self._env_ranks, timeout_s)
         late = []
         for i, request in enumerate(self._answer_reqs):
             if request is None:

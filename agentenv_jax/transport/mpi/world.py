@@ -20,7 +20,7 @@ import numpy as np
 from mpi4py import MPI
 
 from agentenv_jax.transport.base import TransportError
-from agentenv_jax.transport.messages import TAG_PARAMS
+from agentenv_jax.transport.messages import TAG_FINAL, TAG_PARAMS
 
 
 class Backoff:
@@ -136,6 +136,21 @@ class MPIWorld:
         # grace lets the proxy forward it first.
         time.sleep(0.5)
         self.comm.Abort(exit_code)
+
+
+def receive_final_reports(
+    comm: MPI.Comm, env_ranks: list[int], timeout_s: float
+) -> list[dict[str, Any]]:
+    """Every env rank's end-of-run report (pickled control messages), in env-rank order."""
+    reports = []
+    for rank in env_ranks:
+        wait_until(
+            lambda r=rank: comm.Iprobe(source=r, tag=TAG_FINAL),
+            timeout_s,
+            lambda r=rank: f"the final report of env rank {r}",
+        )
+        reports.append(comm.recv(source=rank, tag=TAG_FINAL))
+    return reports
 
 
 def cancel_receives(requests: list[MPI.Request | None]) -> None:
