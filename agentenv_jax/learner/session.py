@@ -109,6 +109,7 @@ class LearnerSession:
         self.store = CheckpointStore(run_dir, config.checkpoint.keep)
         self.interrupted = False
         self._first_signal_at: float | None = None
+        self._stopped_at_once = False
         self._previous_handlers: dict[int, Any] = {}
         self._last_saved_update = -1
         self._resumed = resume
@@ -141,6 +142,7 @@ class LearnerSession:
             self.interrupted = True
         elif now - self._first_signal_at > _SAME_REQUEST_S:
             self._event("interrupted", at_once=True)
+            self._stopped_at_once = True  # even mid-shutdown: no final checkpoint follows
             raise KeyboardInterrupt
 
     def install_signal_handlers(self) -> None:
@@ -184,7 +186,11 @@ class LearnerSession:
             replay_files.prune(self._run_dir, set(self.store.steps()))
 
     def _final_save_due(self) -> bool:
-        return self.config.checkpoint.on_exit and self._last_saved_update != self.learner.updates
+        return (
+            self.config.checkpoint.on_exit
+            and self._last_saved_update != self.learner.updates
+            and not self._stopped_at_once
+        )
 
     def before_stop(self) -> None:
         """Call before the learner asks env ranks to stop. The final checkpoint is written
