@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -76,6 +77,27 @@ def agentenv_command(*args: str) -> list[str]:
 def settings(*overrides: str) -> list[str]:
     """`--set` command-line arguments, one pair per `key.path=value`."""
     return [arg for override in overrides for arg in ("--set", override)]
+
+
+def read_events(run_dir: Path) -> list[dict]:
+    """The records of RUN_DIR/events.jsonl (none before the first is written)."""
+    path = run_dir / "events.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+def restorable_checkpoint(run_dir: Path) -> int:
+    """The newest checkpoint's update, after checking that it restores with finite values."""
+    import jax
+    import numpy as np
+
+    from agentenv_jax.checkpoint import CheckpointStore
+
+    store = CheckpointStore(run_dir, keep=3)
+    state, meta = store.restore_raw()
+    store.close()
+    floats = [np.asarray(x) for x in jax.tree.leaves(state)]
+    assert floats and all(np.all(np.isfinite(x)) for x in floats if x.dtype.kind == "f")
+    return meta["learner"]["updates"]
 
 
 @pytest.fixture

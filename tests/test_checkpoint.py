@@ -20,6 +20,7 @@ from conftest import (
     REPO,
     agentenv_command,
     mpiexec_path,
+    read_events,
     run_command,
     settings,
     start_job,
@@ -45,10 +46,6 @@ def test_store_round_trip_keeps_newest_and_ignores_unfinished_saves(tmp_path):
     with pytest.raises(CheckpointError, match="does not match"):
         store.restore({"w": jnp.zeros(5), "step": jnp.int32(0)})
     store.close()
-
-
-def _events(run_dir):
-    return [json.loads(line) for line in (run_dir / "events.jsonl").read_text().splitlines()]
 
 
 @pytest.mark.slow
@@ -83,7 +80,7 @@ def test_sigterm_then_resume_under_mpiexec(tmp_path):
     assert summary["interrupted"] and summary["accounting"]["reconciles"]
     stopped_at = summary["updates"]
     assert 25 <= stopped_at < 391
-    events = _events(run_dir)
+    events = read_events(run_dir)
     # The signal may land just after a periodic save, in which case no second save follows.
     assert [e["update"] for e in events if e["event"] == "interrupted"] == [stopped_at]
     saved = [e for e in events if e["event"] == "checkpoint"][-1]
@@ -104,7 +101,7 @@ def test_sigterm_then_resume_under_mpiexec(tmp_path):
         cwd=REPO,
     )
     assert resumed.returncode == 0, resumed.stderr[-3000:]
-    resume_event = next(e for e in _events(run_dir) if e["event"] == "resume")
+    resume_event = next(e for e in read_events(run_dir) if e["event"] == "resume")
     assert resume_event["update"] == stopped_at
     # The learner state after the resume is the one that was saved.
     assert resume_event["state_checksum"] == saved["state_checksum"]
@@ -236,7 +233,7 @@ def test_resumed_twice_over_other_env_rank_counts_the_whole_run_reconciles(tmp_p
         previous = summary
     records = read_metrics(run_dir / "metrics.jsonl")
     assert [r["update"] for r in records] == list(range(1, 6144 // 512 + 1))
-    events = _events(run_dir)
+    events = read_events(run_dir)
     resumes = [e for e in events if e["event"] == "resume"]
     assert len(resumes) == 2
     for resume in resumes:  # each leg started from the state the previous one saved

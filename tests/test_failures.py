@@ -3,22 +3,19 @@ checkpoint stays good."""
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import time
 
-import jax
-import numpy as np
 import pytest
-
-from agentenv_jax.checkpoint import CheckpointStore
 
 from conftest import (
     EXPERIMENTS,
     REPO,
     agentenv_command,
     mpiexec_path,
+    read_events,
+    restorable_checkpoint,
     run_command,
     settings,
     start_job,
@@ -26,16 +23,6 @@ from conftest import (
 )
 
 CARTPOLE = str(EXPERIMENTS / "cartpole_ppo.yaml")
-
-
-def _finite_checkpoint(run_dir) -> int:
-    """The newest checkpoint's step, after checking that it restores with finite values."""
-    store = CheckpointStore(run_dir, keep=3)
-    state, meta = store.restore_raw()
-    store.close()
-    floats = [np.asarray(x) for x in jax.tree.leaves(state)]
-    assert floats and all(np.all(np.isfinite(x)) for x in floats if x.dtype.kind == "f")
-    return meta["learner"]["updates"]
 
 
 def test_non_finite_update_stops_the_job_and_keeps_the_last_good_checkpoint(tmp_path):
@@ -67,7 +54,7 @@ def test_non_finite_update_stops_the_job_and_keeps_the_last_good_checkpoint(tmp_
     assert time.monotonic() - started < 120
     assert "agentenv: error: rank 0: update" in proc.stderr
     assert "loss/" in proc.stderr and "is not finite" in proc.stderr
-    step = _finite_checkpoint(tmp_path / "nan")
+    step = restorable_checkpoint(tmp_path / "nan")
     assert step >= 2
 
 
@@ -99,8 +86,7 @@ def test_killed_rank_is_named_and_the_checkpoint_restores(tmp_path, killed_rank,
     )
     try:
         wait_for_updates(proc, run_dir, 12, timeout=120)
-        events = [json.loads(x) for x in (run_dir / "events.jsonl").read_text().splitlines()]
-        processes = next(e for e in events if e["event"] == "start")["processes"]
+        processes = next(e for e in read_events(run_dir) if e["event"] == "start")["processes"]
         pid = processes[str(killed_rank)]["pid"]
         os.kill(pid, signal.SIGKILL)
         killed_at = time.monotonic()
@@ -113,4 +99,4 @@ def test_killed_rank_is_named_and_the_checkpoint_restores(tmp_path, killed_rank,
     assert ended_after < 20  # well before the transport timeout
     named = f"rank {killed_rank} (pid {pid}) was killed by SIGKILL"
     assert named in stderr, (stdout + stderr)[-3000:]
-    assert _finite_checkpoint(run_dir) >= 5
+    assert restorable_checkpoint(run_dir) >= 5

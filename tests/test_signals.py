@@ -17,8 +17,6 @@ import time
 from pathlib import Path
 
 import gymnasium as gym
-import jax
-import numpy as np
 import pytest
 
 from agentenv_jax.checkpoint import CheckpointStore
@@ -28,6 +26,8 @@ from conftest import (
     REPO,
     agentenv_command,
     mpiexec_path,
+    read_events,
+    restorable_checkpoint,
     run_command,
     settings,
     start_job,
@@ -68,11 +68,6 @@ def slow_cartpole(delay_s: float = 0.01, fast_steps: int = 32, exit_delay_s: flo
     return SlowCartPole(delay_s, fast_steps)
 
 
-def _events(run_dir: Path) -> list[dict]:
-    path = run_dir / "events.jsonl"  # written from the first event on
-    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
-
-
 def _kill_group(proc) -> None:
     if proc.poll() is None:
         os.killpg(proc.pid, signal.SIGKILL)
@@ -108,7 +103,7 @@ def _assert_stopped_gracefully(run_dir: Path, returncode: int, stderr: str) -> N
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["interrupted"] and summary["accounting"]["reconciles"]
     stopped_at = summary["updates"]
-    events = _events(run_dir)
+    events = read_events(run_dir)
     assert [e["update"] for e in events if e["event"] == "interrupted"] == [stopped_at]
     assert [e for e in events if e["event"] == "checkpoint"][-1]["update"] == stopped_at
     store = CheckpointStore(run_dir, keep=3)
@@ -121,16 +116,6 @@ def _stop_checkpointed(events: list[dict]) -> bool:
     stops = [e["update"] for e in events if e["event"] == "interrupted"]
     saved = [e["update"] for e in events if e["event"] == "checkpoint"]
     return bool(stops and saved) and saved[-1] == stops[0]
-
-
-def _restorable_checkpoint(run_dir: Path) -> int:
-    """The newest checkpoint's update, after checking that it restores with finite values."""
-    store = CheckpointStore(run_dir, keep=3)
-    state, meta = store.restore_raw()
-    store.close()
-    floats = [np.asarray(x) for x in jax.tree.leaves(state)]
-    assert floats and all(np.all(np.isfinite(x)) for x in floats if x.dtype.kind == "f")
-    return meta["learner"]["updates"]
 
 
 @pytest.mark.slow
@@ -190,7 +175,7 @@ def test_a_second_copy_after_the_final_checkpoint_is_still_the_same_request(tmp_
         first_at = time.monotonic()
         # The stop is recorded last, with the final checkpoint (unless a periodic one of that
         # update came just before); the process then still exits for 1.5 s.
-        while not _stop_checkpointed(_events(run_dir)):
+        while not _stop_checkpointed(read_events(run_dir)):
             assert proc.poll() is None and time.monotonic() - first_at < 30
             time.sleep(0.01)
         time.sleep(0.05)
@@ -233,12 +218,12 @@ def test_a_later_second_stop_signal_interrupts_at_once(tmp_path):
     assert proc.returncode == 130, stderr[-3000:]
     assert ended_after < 10, ended_after  # the graceful path had 20 s and more to go
     assert not (run_dir / "summary.json").exists()
-    events = _events(run_dir)
+    events = read_events(run_dir)
     interrupted = [e for e in events if e["event"] == "interrupted"]
     assert len(interrupted) == 1 and interrupted[0]["at_once"] is True, interrupted
     # Only the periodic checkpoint of update 1: nothing was saved for the stop.
     assert [e["update"] for e in events if e["event"] == "checkpoint"] == [1]
-    assert _restorable_checkpoint(run_dir) == 1
+    assert restorable_checkpoint(run_dir) == 1
 
 
 @pytest.mark.slow
@@ -269,7 +254,7 @@ def test_a_silent_env_rank_is_named_after_the_transport_timeout(tmp_path):
     pid = None
     try:
         wait_for_updates(proc, run_dir, 8, timeout=120)
-        start = next(e for e in _events(run_dir) if e["event"] == "start")
+        start = next(e for e in read_events(run_dir) if e["event"] == "start")
         pid = start["processes"][str(silent_rank)]["pid"]
         os.kill(pid, signal.SIGSTOP)
         stopped_at = time.monotonic()
@@ -289,7 +274,7 @@ def test_a_silent_env_rank_is_named_after_the_transport_timeout(tmp_path):
     # Not before the timeout has run out (the learner's wait began at most a round earlier),
     # and not long after.
     assert 9 < ended_after < 40, ended_after
-    assert _restorable_checkpoint(run_dir) >= 5
+    assert restorable_checkpoint(run_dir) >= 5
 
 
 @pytest.mark.slow
@@ -324,7 +309,7 @@ def test_a_silent_learner_is_named_by_an_env_rank(tmp_path, experiment, message)
     pid = None
     try:
         wait_for_updates(proc, run_dir, 2, timeout=120)
-        start = next(e for e in _events(run_dir) if e["event"] == "start")
+        start = next(e for e in read_events(run_dir) if e["event"] == "start")
         pid = start["processes"]["0"]["pid"]
         os.kill(pid, signal.SIGSTOP)
         stopped_at = time.monotonic()
@@ -363,7 +348,7 @@ def test_every_minutes_checkpoints_on_a_clock(tmp_path):
     )
     assert timed.returncode == 0, timed.stderr[-3000:]
     final_update = json.loads((tmp_path / "timed" / "summary.json").read_text())["updates"]
-    saved = [e for e in _events(tmp_path / "timed") if e["event"] == "checkpoint"]
+    saved = [e for e in read_events(tmp_path / "timed") if e["event"] == "checkpoint"]
     assert saved[-1]["update"] == final_update
     # The final save comes at the end whatever the clock says; the ones before are periodic.
     periodic = saved[:-1]
@@ -392,5 +377,5 @@ def test_every_minutes_checkpoints_on_a_clock(tmp_path):
     )
     assert untimed.returncode == 0, untimed.stderr[-3000:]
     final_update = json.loads((tmp_path / "untimed" / "summary.json").read_text())["updates"]
-    saved = [e["update"] for e in _events(tmp_path / "untimed") if e["event"] == "checkpoint"]
+    saved = [e["update"] for e in read_events(tmp_path / "untimed") if e["event"] == "checkpoint"]
     assert saved == [final_update]
