@@ -188,7 +188,7 @@ def test_a_refused_resume_leaves_every_file_of_the_run_as_it_was(launcher, tmp_p
 
 @pytest.mark.slow
 def test_resumed_twice_over_other_env_rank_counts_the_whole_run_reconciles(tmp_path):
-    """IMPALA (env ranks run ahead, so segments arrive late at every stop) in one process, then
+    """IMPALA (env ranks run ahead, so segments are in flight at every stop) in one process, then
     resumed under `mpiexec -n 3` and `-n 4`: after each leg the accounting covers the whole run
     and reconciles, late segments of earlier legs are kept, each leg's own share reconciles
     too, and steps/s is the leg's own steps over the leg's own time."""
@@ -227,7 +227,10 @@ def test_resumed_twice_over_other_env_rank_counts_the_whole_run_reconciles(tmp_p
         assert whole["trained"] == summary["env_steps"] == budget
         leg = {k: whole[k] - previous["accounting"][k] for k in previous["accounting"]}
         assert leg["produced"] == leg["sent"] + leg["unsent"], leg
-        assert leg["received"] == leg["trained"] + leg["late"] and leg["late"] > 0, leg
+        assert leg["received"] == leg["trained"] + leg["late"], leg
+        # In one process the env rank always runs ahead; under MPI what it ran ahead with
+        # arrives late, or stays unsent when it had no credit.
+        assert leg["late"] > 0 if not launcher else leg["late"] + leg["unsent"] > 0, leg
         leg_steps = summary["env_steps"] - previous["env_steps"]
         assert summary["steps_per_s"] * summary["wall_s"] == pytest.approx(leg_steps)
         previous = summary
