@@ -37,6 +37,18 @@ def _parser() -> argparse.ArgumentParser:
     show.add_argument("config", nargs="?")
     show.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
     commands.add_parser("config-reference", help="print the config reference (Markdown)")
+    evaluate = commands.add_parser(
+        "eval", help="play a run's saved policy on fresh env seeds and report its return"
+    )
+    evaluate.add_argument("run_dir", metavar="RUN_DIR", help="the run folder")
+    evaluate.add_argument("--episodes", type=int, default=10, help="episodes to play")
+    evaluate.add_argument(
+        "--checkpoint", type=int, metavar="K", help="the checkpoint of update K (default newest)"
+    )
+    evaluate.add_argument(
+        "--sample", action="store_true", help="sample actions instead of taking the mode"
+    )
+    evaluate.add_argument("--seed", type=int, default=0, help="selects the evaluation env seeds")
     return parser
 
 
@@ -101,6 +113,14 @@ def main(argv: list[str] | None = None) -> int:
     from agentenv_jax.transport.base import TransportError
 
     try:
+        if args.command == "eval":
+            from agentenv_jax.evaluation import evaluate
+
+            result = evaluate(
+                args.run_dir, args.episodes, args.checkpoint, not args.sample, args.seed
+            )
+            print(result.describe(), flush=True)
+            return 0
         resume = getattr(args, "resume", None)
         if resume is not None:
             config = resume_config(resume, args.config, args.overrides)

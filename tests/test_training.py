@@ -4,13 +4,16 @@ from __future__ import annotations
 
 import json
 import math
+import re
 
+import gymnasium as gym
 import numpy as np
 import pytest
 import yaml
 
 from agentenv_jax.buffers.segment_queue import on_policy_segment_spec
 from agentenv_jax.config import load_config
+from agentenv_jax.evaluation import evaluate
 from agentenv_jax.launch import train
 from agentenv_jax.metrics.logger import read_metrics
 from agentenv_jax.roles import build_actor_policy, plan_for, prepare_env_rank
@@ -78,6 +81,15 @@ def test_one_process_cartpole_reaches_threshold(run_dir):
     assert last["policy_lag_max"] == 0  # synchronous PPO
     assert [r["env_steps"] for r in records] == sorted(r["env_steps"] for r in records)
     assert load_config(result.run_dir / "config.yaml") == config
+
+    # The saved policy, played deterministically on fresh env seeds, holds the pole up.
+    proc = run_command(
+        agentenv_command("eval", str(result.run_dir), "--episodes", "10"), timeout=300, cwd=REPO
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    mean, std = map(float, re.search(r"return (\S+) ± (\S+)", proc.stdout).groups())
+    assert mean >= THRESHOLD, proc.stdout
+    assert f"checkpoint {result.updates}  10 episodes (deterministic)" in proc.stdout
 
 
 @pytest.mark.slow
@@ -275,6 +287,14 @@ def test_every_experiment_runs_with_a_tiny_budget(path, run_dir):
     record = read_metrics(result.run_dir / "metrics.jsonl")[0]
     losses = [v for k, v in record.items() if k.startswith("loss/")]
     assert losses and all(math.isfinite(v) for v in losses)
+    # Its final checkpoint plays: the episodes end where the env's time limit says, at most.
+    evaluation = evaluate(result.run_dir, episodes=2)
+    assert evaluation.checkpoint == result.updates and len(evaluation.returns) == 2
+    limit = gym.spec(config.env.id).max_episode_steps
+    assert all(1 <= n <= limit for n in evaluation.lengths)
+    assert all(math.isfinite(r) for r in evaluation.returns)
+    if config.env.id == "CartPole-v1":  # one update: far from holding the pole up
+        assert evaluation.mean < 200
 
 
 def test_sac_prioritized_n_step_replay_in_one_process(run_dir):

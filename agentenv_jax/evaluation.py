@@ -1,0 +1,176 @@
+"""Evaluate a saved policy: a run's checkpoint, played on fresh env seeds, one episode at a time.
+
+`evaluate(run_dir)` reads the run's `config.yaml` and a checkpoint (the newest by default),
+rebuilds the policy the run trained (with its observation statistics when the run normalized
+observations), and plays `episodes` episodes in a single env, acting deterministically (the
+distribution's mode; SAC: `tanh` of the mean) unless asked to sample. Env seeds start at
+`EVAL_SEED_BASE`, far from the seeds training uses (`seed * 1_000_003 + env index`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from agentenv_jax.checkpoint.store import CheckpointError, CheckpointStore
+from agentenv_jax.config.errors import ConfigError
+from agentenv_jax.config.loading import load_config
+from agentenv_jax.config.schema import ExperimentConfig, SACConfig
+from agentenv_jax.envs.factory import EnvSpaces, describe_spaces, resolve_env_factory
+
+EVAL_SEED_BASE = 2**30
+
+
+@dataclasses.dataclass(frozen=True)
+class Evaluation:
+    """The returns and lengths of the evaluation episodes of one checkpoint."""
+
+    run_dir: Path
+    checkpoint: int  # the update the checkpoint was written at
+    deterministic: bool
+    returns: tuple[float, ...]
+    lengths: tuple[int, ...]
+
+    @property
+    def mean(self) -> float:
+        return float(np.mean(self.returns))
+
+    @property
+    def std(self) -> float:
+        return float(np.std(self.returns))
+
+    def describe(self) -> str:
+        mode = "deterministic" if self.deterministic else "sampled actions"
+        return (
+            f"eval {self.run_dir}  checkpoint {self.checkpoint}  {len(self.returns)} episodes "
+            f"({mode})  return {self.mean:.2f} ± {self.std:.2f}  "
+            f"length {np.mean(self.lengths):.1f}"
+        )
+
+
+def _observe_fn(config: ExperimentConfig, meta: dict[str, Any], spaces: EnvSpaces) -> Callable:
+    """Observations as the policy saw them in training: normalized with the run's statistics."""
+    if not config.env.normalize_obs:
+        return lambda obs: obs
+    from agentenv_jax.envs import normalization as norm
+
+    stats = norm.stats_from_flat(np.asarray(meta["learner"]["obs_stats"]), spaces.obs_dim)
+
+    def observe(obs: np.ndarray) -> np.ndarray:
+        flat = obs.reshape(obs.shape[0], -1)
+        return norm.normalize(flat, stats, config.env.clip_obs).reshape(obs.shape)
+
+    return observe
+
+
+def _act_fn(
+    config: ExperimentConfig, spaces: EnvSpaces, state: Any, deterministic: bool
+) -> Callable[[np.ndarray, np.ndarray], np.ndarray]:
+    """`act(obs [1, ...], noise [1, d]) -> env action [1, ...]`, jitted."""
+    import jax
+    import jax.numpy as jnp
+
+    if isinstance(config.algorithm, SACConfig):
+        from agentenv_jax.learner.sac_training import sac_networks_for
+        from agentenv_jax.networks.sac_networks import (
+            deterministic_action,
+            sample_squashed_action,
+        )
+
+        actor_apply = sac_networks_for(config, spaces).actor_apply
+        params = state["actor_params"]
+        low = jnp.asarray(spaces.action_low, jnp.float32)
+        high = jnp.asarray(spaces.action_high, jnp.float32)
+
+        def act_sac(obs: jax.Array, noise: jax.Array) -> jax.Array:
+            head = actor_apply(params, obs)
+            unit = (
+                deterministic_action(head)
+                if deterministic
+                else sample_squashed_action(head, noise)[0]
+            )
+            return low + (unit + 1.0) * 0.5 * (high - low)  # as the env ranks scale them
+
+        return jax.jit(act_sac)
+
+    from agentenv_jax.networks import action_distribution, actor_critic_for
+
+    _, apply_fn = actor_critic_for(config.network, spaces)
+    distribution = action_distribution(spaces.action_kind)
+    params = state["params"]
+
+    def act(obs: jax.Array, noise: jax.Array) -> jax.Array:
+        head, _ = apply_fn(params, obs)
+        action = distribution.mode(head) if deterministic else distribution.sample(head, noise)
+        if spaces.action_kind == "continuous":  # clipped when stepping, as in training
+            action = jnp.clip(
+                action,
+                jnp.asarray(spaces.action_low, jnp.float32),
+                jnp.asarray(spaces.action_high, jnp.float32),
+            )
+        return action
+
+    return jax.jit(act)
+
+
+def evaluate(
+    run_dir: str | Path,
+    episodes: int = 10,
+    checkpoint: int | None = None,
+    deterministic: bool = True,
+    seed: int = 0,
+) -> Evaluation:
+    """Play `episodes` episodes with the policy of `run_dir`'s checkpoint `checkpoint` (the
+    newest when None) on env seeds `EVAL_SEED_BASE + seed * episodes + i`."""
+    if episodes < 1:
+        raise ConfigError(f"episodes = {episodes!r} is not allowed: expected an integer >= 1")
+    run_dir = Path(run_dir)
+    if not (run_dir / "config.yaml").is_file():
+        raise CheckpointError(f"{run_dir} is not a run directory (it has no config.yaml)")
+    config = load_config(run_dir / "config.yaml")
+    store = CheckpointStore(run_dir, config.checkpoint.keep)
+    try:
+        kept = store.steps()
+        if checkpoint is not None and checkpoint not in kept:
+            raise CheckpointError(
+                f"checkpoint = {checkpoint} is not in {store.directory}: kept are {kept}"
+            )
+        step = checkpoint if checkpoint is not None else store.latest_step()
+        state, meta = store.restore_raw(step)
+    finally:
+        store.close()
+
+    env = resolve_env_factory(config.env)()
+    try:
+        spaces = describe_spaces(config.env.id, env.observation_space, env.action_space)
+        observe = _observe_fn(config, meta, spaces)
+        act = _act_fn(config, spaces, state, deterministic)
+        rng = np.random.default_rng([seed, 7])
+        noise_size = spaces.action_size
+        returns, lengths = [], []
+        for episode in range(episodes):
+            obs, _ = env.reset(seed=EVAL_SEED_BASE + seed * episodes + episode)
+            total, steps, done = 0.0, 0, False
+            while not done:
+                batch = observe(np.asarray(obs, np.float32)[None])
+                noise = (
+                    rng.gumbel(size=(1, noise_size))
+                    if spaces.action_kind == "discrete"
+                    else rng.standard_normal((1, noise_size))
+                ).astype(np.float32)
+                action = np.asarray(act(batch, noise))[0]
+                if spaces.action_kind == "discrete":
+                    action = int(action)
+                obs, reward, terminated, truncated, _ = env.step(action)
+                total += float(reward)
+                steps += 1
+                done = terminated or truncated
+            returns.append(total)
+            lengths.append(steps)
+    finally:
+        env.close()
+    return Evaluation(run_dir, int(step), deterministic, tuple(returns), tuple(lengths))
