@@ -35,10 +35,11 @@ def test_readme_sample_output_has_the_programs_format():
     readme = (REPO / "README.md").read_text()
     sample = readme.split("The quick-start\njob, in a log file:\n\n```\n", 1)[1].split("```")[0]
     stream = io.StringIO()
-    record = {"update": 391, "env_steps": 100_096, "steps_per_s": 17_997.0}
-    ProgressLine(100_000, True, 5.0, stream).update(
-        record | {"episode_return_mean": 500.0, "policy_lag_mean": 0.0}, force=True
-    )
+    times = iter([0.0, 7.0])
+    progress = ProgressLine(100_000, True, 5.0, stream, clock=lambda: next(times))
+    extra = {"episode_return_mean": 500.0, "policy_lag_mean": 0.0, "steps_per_s": 16_653.0}
+    progress.update({"update": 1, "env_steps": 256} | extra, force=True)
+    progress.update({"update": 391, "env_steps": 100_096} | extra, force=True)
     summary = {
         "run_dir": "runs/CartPole-v1-ppo-20261130-120000",
         "topology": "1 learner + 1 env rank(s), 8 envs, 1 learner device(s)",

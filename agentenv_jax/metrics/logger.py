@@ -6,6 +6,7 @@ import json
 import math
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -60,21 +61,48 @@ def read_metrics(path: str | Path) -> list[dict[str, Any]]:
         return [json.loads(line) for line in f if line.strip()]
 
 
+def format_duration(seconds: float) -> str:
+    """`m:ss`, or `h:mm:ss` from an hour on."""
+    total = round(min(seconds, 99 * 3600.0))
+    hours, rest = divmod(total, 3600)
+    minutes, secs = divmod(rest, 60)
+    return f"{hours}:{minutes:02d}:{secs:02d}" if hours else f"{minutes}:{secs:02d}"
+
+
 class ProgressLine:
-    """A rewritten line on a terminal; elsewhere (CI logs, files) a line every few seconds."""
+    """A rewritten line on a terminal; elsewhere (CI logs, files) a line every few seconds. The
+    ETA is the time the rest of `run.total_env_steps` takes at the rate since the first update
+    (which also paid for compiling), so the first line has none yet."""
 
     def __init__(
-        self, total_env_steps: int, enabled: bool, interval_s: float, stream: TextIO | None = None
+        self,
+        total_env_steps: int,
+        enabled: bool,
+        interval_s: float,
+        stream: TextIO | None = None,
+        clock: Callable[[], float] = time.monotonic,
     ):
         self._stream = stream or sys.stderr
         self._enabled = enabled
         self._tty = self._stream.isatty()
         self._interval = 0.2 if self._tty else interval_s
         self._total = total_env_steps
-        self._last = 0.0
+        self._clock = clock
+        self._last = -math.inf
+        self._first: tuple[float, int] | None = None  # (time, env steps) of the first update
+
+    def _eta(self, now: float, env_steps: int) -> str:
+        if self._first is None:
+            self._first = (now, env_steps)
+        first_time, first_steps = self._first
+        if now <= first_time or env_steps <= first_steps:
+            return "--"
+        rate = (env_steps - first_steps) / (now - first_time)
+        return format_duration(max(0, self._total - env_steps) / rate)
 
     def update(self, record: dict[str, Any], force: bool = False) -> None:
-        now = time.monotonic()
+        now = self._clock()
+        eta = self._eta(now, record["env_steps"])
         if not self._enabled or (not force and now - self._last < self._interval):
             return
         self._last = now
@@ -83,7 +111,7 @@ class ProgressLine:
         text = (
             f"update {record['update']:>6} | steps {record['env_steps']:>9,}/{self._total:,} | "
             f"{record['steps_per_s']:>9,.0f} steps/s | return {ret_text} | "
-            f"lag {record['policy_lag_mean']:.2f}"
+            f"lag {record['policy_lag_mean']:.2f} | eta {eta}"
         )
         if self._tty:
             self._stream.write("\r" + text)
