@@ -33,7 +33,7 @@ def _shape(line: str) -> str:
 
 def test_readme_sample_output_has_the_programs_format():
     readme = (REPO / "README.md").read_text()
-    sample = readme.split("The quick-start\njob, in a log file:\n\n```\n", 1)[1].split("```")[0]
+    sample = readme.split("The quick-start job, in a log file:\n\n```\n", 1)[1].split("```")[0]
     stream = io.StringIO()
     times = iter([0.0, 7.0])
     progress = ProgressLine(100_000, True, 5.0, stream, clock=lambda: next(times))
