@@ -18,7 +18,12 @@ def _parser() -> argparse.ArgumentParser:
     )
     commands = parser.add_subparsers(dest="command", required=True)
     train = commands.add_parser("train", help="train an agent from an experiment file")
-    train.add_argument("config", nargs="?", help="experiment YAML (default: built-in defaults)")
+    train.add_argument(
+        "config",
+        nargs="?",
+        help="experiment YAML, or a shipped experiment's name (agentenv list); default: the "
+        "built-in defaults",
+    )
     train.add_argument(
         "--resume",
         metavar="RUN_DIR",
@@ -37,6 +42,7 @@ def _parser() -> argparse.ArgumentParser:
     show.add_argument("config", nargs="?")
     show.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
     commands.add_parser("config-reference", help="print the config reference (Markdown)")
+    commands.add_parser("list", help="list the shipped experiments (train one by its name)")
     evaluate = commands.add_parser(
         "eval", help="play a run's saved policy on fresh env seeds and report its return"
     )
@@ -98,6 +104,12 @@ def main(argv: list[str] | None = None) -> int:
         if under_launcher and not supervisor.is_rank_process():
             return supervisor.supervise(argv)
         supervisor.die_with_supervisor()
+    if args.command == "list":
+        from agentenv_jax.config.experiments import describe, shipped_experiments
+
+        for name, path in shipped_experiments().items():
+            print(f"{name:<20} {describe(path)}")
+        return 0
     if args.command == "config-reference":
         from agentenv_jax.config.reference import config_reference
 

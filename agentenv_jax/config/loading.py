@@ -19,6 +19,7 @@ from typing import Any
 import yaml
 
 from agentenv_jax.config.errors import ConfigError
+from agentenv_jax.config.experiments import resolve_config_path
 from agentenv_jax.config.schema import ExperimentConfig
 
 
@@ -217,11 +218,10 @@ def _deep_copy(raw: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def read_config_file(path: str | Path) -> dict[str, Any]:
-    """The raw sections of a YAML experiment file; `ConfigError` naming the file (and line)
-    when it is missing, empty, not YAML, not a mapping, or repeats a key."""
-    path = Path(path)
-    if not path.is_file():
-        raise ConfigError(f"config file {str(path)!r} does not exist")
+    """The raw sections of a YAML experiment file (or of a shipped experiment, by name);
+    `ConfigError` naming the file (and line) when it is missing, empty, not YAML, not a
+    mapping, or repeats a key."""
+    path = resolve_config_path(path)
     try:
         raw = yaml.load(path.read_text(), Loader=_StrictLoader)
     except ConfigError as err:

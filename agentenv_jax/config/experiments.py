@@ -1,0 +1,50 @@
+"""The experiments that ship with the package, found by name from any folder.
+
+They live in `agentenv_jax/experiments/` (the repository's top-level `experiments/` links
+there), so `agentenv train cartpole_ppo` and `load_config("cartpole_ppo")` work in a source
+checkout and after a plain `pip install` alike.
+"""
+
+from __future__ import annotations
+
+import difflib
+from pathlib import Path
+
+from agentenv_jax.config.errors import ConfigError
+
+EXPERIMENTS_DIR = Path(__file__).resolve().parent.parent / "experiments"
+
+
+def shipped_experiments() -> dict[str, Path]:
+    """Every shipped experiment file by name (its file name without `.yaml`), sorted."""
+    return {path.stem: path for path in sorted(EXPERIMENTS_DIR.glob("*.yaml"))}
+
+
+def describe(path: Path) -> str:
+    """The first sentence of an experiment's leading comment: what it trains."""
+    words = []
+    for line in path.read_text().splitlines():
+        if not line.startswith("#"):
+            break
+        words += line.lstrip("#").split()
+    text = " ".join(words)
+    end = text.find(". ")
+    return text if end < 0 else text[: end + 1]
+
+
+def resolve_config_path(name_or_path: str | Path) -> Path:
+    """The file of a config argument: an existing file, else a shipped experiment's name
+    (`cartpole_ppo`, with or without `.yaml`); `ConfigError` naming both when neither."""
+    path = Path(name_or_path)
+    if path.is_file():
+        return path
+    shipped = shipped_experiments()
+    name = path.name.removesuffix(".yaml")
+    if path.parent == Path(".") and name in shipped:
+        return shipped[name]
+    close = difflib.get_close_matches(name, list(shipped), n=1, cutoff=0.6)
+    hint = f" (did you mean {close[0]!r}?)" if close else ""
+    raise ConfigError(
+        f"config file {str(name_or_path)!r} does not exist and is not a shipped experiment"
+        f"{hint}; shipped: {', '.join(shipped)} (`agentenv list`)"
+    )

@@ -1,0 +1,56 @@
+"""The shipped experiments: found by name from any folder, listed, and inside the wheel."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import zipfile
+
+import pytest
+
+from agentenv_jax.config import ConfigError, load_config
+
+from conftest import EXPERIMENTS, REPO, agentenv_command, run_command, settings
+
+
+def test_a_name_is_the_shipped_file_and_a_misspelt_one_an_error_with_the_names():
+    for path in EXPERIMENTS.glob("*.yaml"):
+        assert load_config(path.stem) == load_config(path) == load_config(path.name)
+    with pytest.raises(ConfigError, match=r"'cartpol_ppo' .* \(did you mean 'cartpole_ppo'\?\)"):
+        load_config("cartpol_ppo")
+
+
+def test_list_and_train_by_name_from_another_folder(tmp_path):
+    listed = run_command(agentenv_command("list"), timeout=60, cwd=tmp_path)
+    assert listed.returncode == 0, listed.stderr
+    names = [line.split()[0] for line in listed.stdout.splitlines()]
+    assert names == sorted(p.stem for p in EXPERIMENTS.glob("*.yaml"))
+    proc = run_command(
+        [
+            *agentenv_command("train", "cartpole_ppo"),
+            *settings("run.run_dir=runs", "run.name=by-name", "run.total_env_steps=512"),
+        ],
+        timeout=120,
+        cwd=tmp_path,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    summary = json.loads((tmp_path / "runs" / "by-name" / "summary.json").read_text())
+    assert summary["env_steps"] == 512 and summary["accounting"]["reconciles"]
+
+
+@pytest.mark.slow
+def test_the_wheel_ships_every_module_and_experiment(tmp_path):
+    """A plain (non-editable) install gets the experiments too: they are package data."""
+    subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(tmp_path), str(REPO)],
+        check=True,
+        capture_output=True,
+        timeout=600,
+    )
+    [wheel] = tmp_path.glob("agentenv_jax-*.whl")
+    names = set(zipfile.ZipFile(wheel).namelist())
+    package = REPO / "agentenv_jax"
+    modules = {str(p.relative_to(REPO)) for p in package.rglob("*.py")}
+    experiments = {f"agentenv_jax/experiments/{p.name}" for p in EXPERIMENTS.glob("*.yaml")}
+    assert experiments and modules and (modules | experiments) <= names
