@@ -1,0 +1,27 @@
+"""agentenv_jax: distributed actor-critic reinforcement learning with JAX and MPI.
+
+The Python API (`train`, `load_run`, `evaluate`, `load_config`) is imported on first use, so
+that importing the package stays cheap (each MPI rank's supervisor process imports it too).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+_API = {
+    "Run": "agentenv_jax.api",
+    "load_run": "agentenv_jax.api",
+    "train": "agentenv_jax.api",
+    "evaluate": "agentenv_jax.evaluation",
+    "load_config": "agentenv_jax.config.loading",
+}
+
+__all__ = sorted(_API)
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _API:
+        raise AttributeError(f"module 'agentenv_jax' has no attribute {name!r}")
+    import importlib
+
+    return getattr(importlib.import_module(_API[name]), name)
