@@ -55,6 +55,20 @@ def _parser() -> argparse.ArgumentParser:
         "--sample", action="store_true", help="sample actions instead of taking the mode"
     )
     evaluate.add_argument("--seed", type=int, default=0, help="selects the evaluation env seeds")
+    plot = commands.add_parser(
+        "plot",
+        help="draw learning curves (mean and band over seeds of one config) and time breakdowns",
+    )
+    plot.add_argument("run_dirs", nargs="+", metavar="RUN_DIR", help="run folders")
+    plot.add_argument("--x", choices=["steps", "time"], default="steps", help="the x axis")
+    plot.add_argument(
+        "--metric",
+        dest="metrics",
+        action="append",
+        metavar="NAME",
+        help="a metrics.jsonl key to draw (repeatable; default episode_return_mean)",
+    )
+    plot.add_argument("-o", "--output", default="curves.png", help="the PNG to write")
     return parser
 
 
@@ -125,6 +139,14 @@ def main(argv: list[str] | None = None) -> int:
     from agentenv_jax.transport.base import TransportError
 
     try:
+        if args.command == "plot":
+            from agentenv_jax.api import load_run
+            from agentenv_jax.plotting import plot_runs
+
+            runs = [load_run(path) for path in args.run_dirs]
+            metrics = args.metrics or ["episode_return_mean"]
+            print(plot_runs(runs, args.output, args.x, metrics), flush=True)
+            return 0
         if args.command == "eval":
             from agentenv_jax.evaluation import evaluate
 

@@ -1,0 +1,175 @@
+"""Learning curves and time breakdowns of runs, drawn with matplotlib (the `plot` extra).
+
+Runs that share a config but for `run.seed` (and where they were written) form a group: its
+curve is the mean over its seeds, on the x values all of them reached, with a band from the
+lowest to the highest seed. `curves` and `time_breakdown` compute what is drawn; `plot_runs`
+draws it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Literal
+
+import numpy as np
+
+from agentenv_jax.api import Run
+from agentenv_jax.config.loading import config_to_dict
+
+XAxis = Literal["steps", "time"]
+# Run settings that do not make runs different experiments.
+_NOT_THE_EXPERIMENT = ("seed", "name", "run_dir", "progress", "progress_interval_s")
+# The per-update time breakdown: learner first, then the env ranks' mean.
+TIME_KEYS = (
+    "time/learner_wait_s",
+    "time/learner_update_s",
+    "time/actor_env_step_s",
+    "time/actor_inference_s",
+    "time/actor_transport_wait_s",
+    "time/actor_serving_s",
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class Curve:
+    """One group's curve: `x [N]`, and the mean, lowest and highest value over its runs."""
+
+    label: str
+    runs: int
+    x: np.ndarray
+    mean: np.ndarray
+    low: np.ndarray
+    high: np.ndarray
+
+
+def experiment_key(run: Run) -> str:
+    """What a run's group is keyed by: its config without seed and location."""
+    config = config_to_dict(run.config)
+    config["run"] = {k: v for k, v in config["run"].items() if k not in _NOT_THE_EXPERIMENT}
+    return repr(config)
+
+
+def group_runs(runs: Sequence[Run]) -> list[list[Run]]:
+    """Runs grouped by experiment, in the order their groups first appear."""
+    groups: dict[str, list[Run]] = {}
+    for run in runs:
+        groups.setdefault(experiment_key(run), []).append(run)
+    return list(groups.values())
+
+
+def series(run: Run, x: XAxis, metric: str) -> tuple[np.ndarray, np.ndarray]:
+    """`(x, y)` of one run's records that have `metric`. Time is wall-clock seconds summed over
+    the run's sessions (each resumed session's clock starts at 0)."""
+    walls = {t["update"]: t.get("wall_s") for t in run.timings}
+    xs, ys, offset, last_wall = [], [], 0.0, 0.0
+    for record in run.records:
+        wall = walls.get(record["update"]) or 0.0
+        if wall < last_wall:  # a resumed session began
+            offset += last_wall
+        last_wall = wall
+        value = record.get(metric)
+        if value is None:
+            continue
+        xs.append(record["env_steps"] if x == "steps" else offset + wall)
+        ys.append(float(value))
+    return np.asarray(xs, np.float64), np.asarray(ys, np.float64)
+
+
+def _label(group: list[Run]) -> str:
+    config = group[0].config
+    name = f"{config.env.id} {config.algorithm.name}"
+    if len(group) == 1:
+        return f"{name} ({group[0].run_dir.name})"
+    return f"{name} ({len(group)} seeds)"
+
+
+def curves(runs: Sequence[Run], x: XAxis = "steps", metric: str = "episode_return_mean"):
+    """One `Curve` per group of `runs` (see the module docstring)."""
+    result = []
+    for group in group_runs(runs):
+        per_run = [series(run, x, metric) for run in group]
+        per_run = [(xs, ys) for xs, ys in per_run if len(xs)]
+        if not per_run:
+            continue
+        if len(per_run) == 1:
+            xs, ys = per_run[0]
+            result.append(Curve(_label(group), 1, xs, ys, ys, ys))
+            continue
+        # The x values of the run with most points, up to where every run has data.
+        reach = min(xs[-1] for xs, _ in per_run)
+        grid = max((xs for xs, _ in per_run), key=len)
+        grid = grid[grid <= reach]
+        values = np.stack([np.interp(grid, xs, ys) for xs, ys in per_run])
+        result.append(
+            Curve(
+                _label(group),
+                len(per_run),
+                grid,
+                values.mean(0),
+                values.min(0),
+                values.max(0),
+            )
+        )
+    return result
+
+
+def time_breakdown(run: Run) -> dict[str, float]:
+    """Median seconds per update of each part of `TIME_KEYS` the run recorded (the median,
+    so that the first update's compilation does not dominate)."""
+    totals: dict[str, list[float]] = {}
+    for timing in run.timings:
+        for key in TIME_KEYS:
+            if timing.get(key) is not None:
+                totals.setdefault(key, []).append(float(timing[key]))
+    return {key: float(np.median(values)) for key, values in totals.items()}
+
+
+def plot_runs(
+    runs: Sequence[Run],
+    output: str | Path,
+    x: XAxis = "steps",
+    metrics: Sequence[str] = ("episode_return_mean",),
+    dpi: int = 100,
+) -> Path:
+    """Draw each metric's curves (one panel per metric) and the time breakdown per group (a
+    stacked bar of the first run of each group) into a PNG at `output`, `5 * panels` by 4
+    inches at `dpi`."""
+    try:
+        import matplotlib
+    except ImportError as err:
+        raise ImportError(
+            "agentenv plot needs matplotlib: pip install 'agentenv_jax[plot]'"
+        ) from err
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    panels = len(metrics) + 1
+    figure, axes = plt.subplots(1, panels, figsize=(5 * panels, 4), dpi=dpi)
+    for axis, metric in zip(axes, metrics, strict=False):
+        for curve in curves(runs, x, metric):
+            line = axis.plot(curve.x, curve.mean, label=curve.label)[0]
+            if curve.runs > 1:
+                axis.fill_between(curve.x, curve.low, curve.high, alpha=0.2, color=line.get_color())
+        axis.set_xlabel("env steps" if x == "steps" else "wall-clock seconds")
+        axis.set_ylabel(metric)
+        axis.grid(alpha=0.3)
+        axis.legend(fontsize="small")
+    axis = axes[-1]
+    groups = group_runs(runs)
+    bottoms = np.zeros(len(groups))
+    for key in TIME_KEYS:
+        heights = np.array([time_breakdown(group[0]).get(key, 0.0) for group in groups])
+        if heights.any():
+            axis.bar(range(len(groups)), heights, bottom=bottoms, label=key.removeprefix("time/"))
+            bottoms += heights
+    axis.set_xticks(range(len(groups)), [_label(g) for g in groups], fontsize="small")
+    axis.set_ylabel("seconds per update (median)")
+    axis.legend(fontsize="small")
+    figure.tight_layout()
+    output = Path(output)
+    output.parent.mkdir(parents=True, exist_ok=True)
+    figure.savefig(output)
+    plt.close(figure)
+    return output
