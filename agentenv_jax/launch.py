@@ -127,7 +127,10 @@ def _prepare_learner(
     resumable with this config (a resume). Returns the config with its run name decided and,
     for a resume, the saved replay set to load back."""
     from agentenv_jax.learner.session import check_resumable
+    from agentenv_jax.metrics.logger import require_tensorboard_writer
 
+    if config.run.tensorboard:
+        require_tensorboard_writer()
     _check_run_dir(config, resume)
     config = _with_run_name(config)
     if not resume:
@@ -143,7 +146,8 @@ def _learner_outputs(config: ExperimentConfig):
     from agentenv_jax.metrics.logger import MetricsWriter, ProgressLine
 
     run_dir = _run_dir(config)
-    writer = MetricsWriter(run_dir / "metrics.jsonl")
+    tensorboard_dir = run_dir / "tensorboard" if config.run.tensorboard else None
+    writer = MetricsWriter(run_dir / "metrics.jsonl", tensorboard_dir)
     progress = ProgressLine(
         config.run.total_env_steps, config.run.progress, config.run.progress_interval_s
     )

@@ -259,6 +259,7 @@ class RunConfig:
     progress: bool = True  # live progress line on the lead rank
     progress_interval_s: float = 5.0  # seconds between progress lines when not on a terminal
     transport_timeout_s: float = 120.0  # learner gives up on a silent env rank (env ranks: 2x)
+    tensorboard: bool = False  # also write TensorBoard events to RUN_DIR/tensorboard
 
     def validate(self, prefix: str) -> None:
         _require(

@@ -26,31 +26,57 @@ def is_timing(key: str) -> bool:
     return key.startswith("time/") or key in ("wall_s", "steps_per_s")
 
 
+def require_tensorboard_writer() -> None:
+    """`ConfigError` unless tensorboardX (the `tensorboard` extra) can be imported."""
+    try:
+        import tensorboardX  # noqa: F401
+    except ImportError:
+        from agentenv_jax.config.errors import ConfigError
+
+        raise ConfigError(
+            "run.tensorboard = True is not allowed here: it needs tensorboardX "
+            "(pip install 'agentenv_jax[tensorboard]'), or set run.tensorboard=false"
+        ) from None
+
+
 class MetricsWriter:
     """Per-update records, one JSON object per line, flushed at once so a killed run keeps every
     record. What the run learned goes to `metrics.jsonl` — identical for identical synchronous
-    runs — and how long it took to `timings.jsonl` (with the update number to join on)."""
+    runs — and how long it took to `timings.jsonl` (with the update number to join on). With a
+    `tensorboard_dir`, every numeric value is also a TensorBoard scalar at step `env_steps`."""
 
-    def __init__(self, path: Path):
+    def __init__(self, path: Path, tensorboard_dir: Path | None = None):
         self.path = Path(path)
         self.timings_path = self.path.with_name("timings.jsonl")
+        self._tensorboard_dir = tensorboard_dir
         # Opened (for appending) at the first record, so a run that never starts leaves none.
         self._file: TextIO | None = None
         self._timings: TextIO | None = None
+        self._tensorboard: Any = None
 
     def write(self, record: dict[str, Any]) -> None:
         if self._file is None or self._timings is None:
             self._file = open(self.path, "a", buffering=1)  # noqa: SIM115 - closed in close()
             self._timings = open(self.timings_path, "a", buffering=1)  # noqa: SIM115
+            if self._tensorboard_dir is not None:
+                from tensorboardX import SummaryWriter
+
+                self._tensorboard = SummaryWriter(str(self._tensorboard_dir))
         metrics = {k: _jsonable(v) for k, v in record.items() if not is_timing(k)}
         timings = {"update": record.get("update")} | {
             k: _jsonable(v) for k, v in record.items() if is_timing(k)
         }
         self._file.write(json.dumps(metrics) + "\n")
         self._timings.write(json.dumps(timings) + "\n")
+        if self._tensorboard is not None:
+            step = int(record["env_steps"])
+            for key, value in (metrics | timings).items():
+                if isinstance(value, int | float) and not isinstance(value, bool):
+                    self._tensorboard.add_scalar(key, value, step)
+            self._tensorboard.flush()
 
     def close(self) -> None:
-        for stream in (self._file, self._timings):
+        for stream in (self._file, self._timings, self._tensorboard):
             if stream is not None:
                 stream.close()
 
