@@ -125,14 +125,28 @@ def train(
     config: ExperimentConfig | str | Path | None = None,
     /,
     *,
+    ranks: int = 1,
     overrides: Sequence[str] = (),
     **sections: Mapping[str, Any],
 ) -> Run | None:
     """Train a run (see the module docstring) and return it, its parameters included. Under a
-    launcher every rank calls this; the learner gets the run, env ranks get None."""
+    launcher every rank calls this; the learner gets the run, env ranks get None. With
+    `ranks > 1` (from a process without a launcher: a notebook, a script) the run is an
+    `mpiexec -n ranks` job that this process follows, showing its progress."""
+    from agentenv_jax.launch import launched_by_mpi
     from agentenv_jax.launch import train as run_training
 
-    result = run_training(resolve_config(config, overrides, **sections))
+    resolved = resolve_config(config, overrides, **sections)
+    if ranks != 1:
+        if launched_by_mpi():
+            raise ConfigError(
+                f"ranks = {ranks!r} is not allowed under a launcher: this process already is "
+                "one rank of a job (start the job with mpiexec -n instead)"
+            )
+        from agentenv_jax.mpi_job import run_mpi_job
+
+        return load_run(run_mpi_job(resolved, ranks))
+    result = run_training(resolved)
     if result.run_dir is None:  # an env rank: the learner wrote the folder
         return None
     run = load_run(result.run_dir)

@@ -79,7 +79,7 @@ def launched_by_mpi() -> bool:
 
 
 def _run_dir(config: ExperimentConfig) -> Path:
-    """RUN_DIR (made if missing) of a config whose `run.name` is set (`_with_run_name`)."""
+    """RUN_DIR (made if missing) of a config whose `run.name` is set (`with_run_name`)."""
     if config.run.name is None:
         raise ValueError("the run directory of an unnamed run is not decided yet")
     path = Path(config.run.run_dir) / config.run.name
@@ -87,7 +87,7 @@ def _run_dir(config: ExperimentConfig) -> Path:
     return path
 
 
-def _with_run_name(config: ExperimentConfig, name: str | None = None) -> ExperimentConfig:
+def with_run_name(config: ExperimentConfig, name: str | None = None) -> ExperimentConfig:
     """`config` with `run.name` set: to `name`, or for an unnamed run to a fresh
     `<env>-<algorithm>-<time>` folder name, so that every rank agrees on RUN_DIR."""
     if name is None:
@@ -104,7 +104,7 @@ def _with_run_name(config: ExperimentConfig, name: str | None = None) -> Experim
     return dataclasses.replace(config, run=dataclasses.replace(config.run, name=name))
 
 
-def _check_run_dir(config: ExperimentConfig, resume: bool) -> None:
+def check_run_dir(config: ExperimentConfig, resume: bool) -> None:
     """A new run must not write into an earlier run's folder (its metrics and checkpoints)."""
     if resume or config.run.name is None:
         return  # resuming is the point; unnamed runs get a fresh timestamped folder
@@ -131,8 +131,8 @@ def _prepare_learner(
 
     if config.run.tensorboard:
         require_tensorboard_writer()
-    _check_run_dir(config, resume)
-    config = _with_run_name(config)
+    check_run_dir(config, resume)
+    config = with_run_name(config)
     if not resume:
         return config, None
     check_resumable(config, _run_dir(config))
@@ -355,7 +355,7 @@ def run_mpi(config: ExperimentConfig, resume: bool = False) -> TrainResult:
     if failures:
         raise StartupError(f"rank {failures[0][0]}: {failures[0][1]}")
     learner_outcome = outcomes[0]
-    config = _with_run_name(config, learner_outcome["run_name"])
+    config = with_run_name(config, learner_outcome["run_name"])
     spaces = outcomes[topology.num_learner_ranks]["spaces"]
     processes = {rank: {"pid": o["pid"], "host": o["host"]} for rank, o in enumerate(outcomes)}
     world.watch_for_failed_ranks(processes)

@@ -57,3 +57,31 @@ def test_importing_the_package_stays_cheap():
     code = "import sys, agentenv_jax; print('jax' in sys.modules, 'mpi4py' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.split() == ["False", "False"]
+
+
+@pytest.mark.slow
+def test_a_multi_rank_run_from_python_is_followed_and_returned(tmp_path, capsys):
+    """`ranks=3` from a process without a launcher: an mpiexec job whose progress this process
+    shows from the run's records, and the same `Run` back."""
+    run = ae.train(
+        "cartpole_ppo",
+        ranks=3,
+        run={"total_env_steps": 4096, "run_dir": str(tmp_path), "name": "job"},
+    )
+    assert run.run_dir == tmp_path / "job"
+    assert run.summary["topology"].startswith("1 learner + 2 env rank(s)")
+    assert run.summary["env_steps"] == 4096 and run.summary["accounting"]["reconciles"]
+    assert len(run.records) == 16 and run.params is not None
+    shown = capsys.readouterr().out
+    assert "steps     4,096/4,096" in shown and "(reconciles)" in shown
+    # The folder now holds a run: refused before any job starts.
+    with pytest.raises(ConfigError, match="already holds a run"):
+        ae.train("cartpole_ppo", ranks=3, run={"run_dir": str(tmp_path), "name": "job"})
+    # A job that fails says why.
+    with pytest.raises(RuntimeError, match="'CartPol-v1' is not a registered Gymnasium"):
+        ae.train(
+            "cartpole_ppo",
+            ranks=3,
+            env={"id": "CartPol-v1"},
+            run={"run_dir": str(tmp_path), "name": "bad"},
+        )
