@@ -69,6 +69,28 @@ def _parser() -> argparse.ArgumentParser:
         help="a metrics.jsonl key to draw (repeatable; default episode_return_mean)",
     )
     plot.add_argument("-o", "--output", default="curves.png", help="the PNG to write")
+    slurm = commands.add_parser(
+        "slurm",
+        help="write a Slurm batch script for a run: learner on a GPU node, env ranks on CPU "
+        "nodes, resumed after preemption or requeue",
+    )
+    slurm.add_argument(
+        "config", help="experiment YAML or shipped name (a new run), or a run folder (resume)"
+    )
+    slurm.add_argument("--set", dest="overrides", action="append", default=[], metavar="K=V")
+    slurm.add_argument("--env-ranks", type=int, default=8, help="env ranks (MPI tasks)")
+    slurm.add_argument("--env-nodes", type=int, default=1, help="CPU nodes for the env ranks")
+    slurm.add_argument("--gpus", type=int, default=1, help="learner GPUs (0: no GPU node)")
+    slurm.add_argument("--cpus-per-env-rank", type=int, default=1)
+    slurm.add_argument("--time", default="04:00:00", help="time limit per start of the job")
+    slurm.add_argument("--gpu-partition")
+    slurm.add_argument("--cpu-partition")
+    slurm.add_argument("--account")
+    slurm.add_argument(
+        "--grace", type=int, default=120, help="seconds before the limit to stop and requeue"
+    )
+    slurm.add_argument("--mpi", default="pmix", help="srun --mpi plugin")
+    slurm.add_argument("-o", "--output", help="the script to write (default: RUN_NAME.sbatch)")
     return parser
 
 
@@ -139,6 +161,12 @@ def main(argv: list[str] | None = None) -> int:
     from agentenv_jax.transport.base import TransportError
 
     try:
+        if args.command == "slurm":
+            from agentenv_jax.slurm import write_job
+
+            script = write_job(args)
+            print(f"wrote {script}; submit it with: sbatch {script}", flush=True)
+            return 0
         if args.command == "plot":
             from agentenv_jax.api import load_run
             from agentenv_jax.plotting import plot_runs

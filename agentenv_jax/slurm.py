@@ -1,0 +1,188 @@
+"""Slurm batch scripts for a run: the learner on a GPU node, the env ranks on CPU nodes.
+
+`sbatch_script(...)` writes a heterogeneous job: component 0 is one task with GPUs (the learner,
+rank 0), component 1 holds the env ranks; one `srun` starts both as one MPI world. The run's
+folder and name are fixed when the script is written, so every start of the job — the first,
+and each after a requeue — finds it: when it holds a checkpoint the job resumes
+(`agentenv train --resume RUN_DIR`), else it starts the run from the saved config. Preemption
+sends SIGTERM, which stops the run with a final checkpoint (`--requeue` brings it back); near
+the time limit Slurm signals the batch shell (`--signal=B:USR1@grace`), which stops the run the
+same way and requeues the job itself.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import shlex
+import sys
+from pathlib import Path
+from typing import Any
+
+
+@dataclasses.dataclass(frozen=True)
+class SlurmJob:
+    """What the batch script asks Slurm for. Without GPUs (`gpus=0`) the job is one component
+    of `1 + env_ranks` tasks."""
+
+    job_name: str
+    config_file: str  # the resolved config the first start trains from
+    run_dir: str  # RUN_DIR: the folder's parent and name are fixed in the config file
+    env_ranks: int = 8
+    env_nodes: int = 1
+    gpus: int = 1  # GPUs of the learner's node (0: no GPU component)
+    cpus_per_env_rank: int = 1
+    time: str = "04:00:00"
+    gpu_partition: str | None = None
+    cpu_partition: str | None = None
+    account: str | None = None
+    grace_s: int = 120  # seconds before the time limit at which the run is told to stop
+    mpi: str = "pmix"  # srun --mpi plugin
+    python: str = "python"
+
+    def validate(self) -> None:
+        from agentenv_jax.config.errors import ConfigError
+
+        for name, value, least in (
+            ("env_ranks", self.env_ranks, 1),
+            ("env_nodes", self.env_nodes, 1),
+            ("gpus", self.gpus, 0),
+            ("cpus_per_env_rank", self.cpus_per_env_rank, 1),
+            ("grace_s", self.grace_s, 1),
+        ):
+            if value < least:
+                raise ConfigError(
+                    f"{name} = {value!r} is not allowed: expected an integer >= {least}"
+                )
+        if self.env_nodes > self.env_ranks:
+            raise ConfigError(
+                f"env_nodes = {self.env_nodes} is not allowed: expected at most env_ranks "
+                f"({self.env_ranks})"
+            )
+
+
+def _directives(options: list[tuple[str, object]]) -> list[str]:
+    return [f"#SBATCH --{key}={value}" for key, value in options if value is not None]
+
+
+def sbatch_script(job: SlurmJob) -> str:
+    """The batch script of `job` (see the module docstring)."""
+    job.validate()
+    quoted_run = shlex.quote(job.run_dir)
+    common = [
+        ("job-name", job.job_name),
+        ("time", job.time),
+        ("account", job.account),
+        ("signal", f"B:USR1@{job.grace_s}"),
+        ("output", f"{job.run_dir}.slurm-%j.out"),
+    ]
+    lines = ["#!/bin/bash", *_directives(common), "#SBATCH --requeue"]
+    if job.gpus:
+        lines += [
+            "# Component 0: the learner (rank 0) with its GPUs.",
+            *_directives(
+                [
+                    ("partition", job.gpu_partition),
+                    ("nodes", 1),
+                    ("ntasks", 1),
+                    ("gpus-per-task", job.gpus),
+                ]
+            ),
+            "#SBATCH hetjob",
+            "# Component 1: the env ranks (CPU).",
+            *_directives(
+                [
+                    ("partition", job.cpu_partition),
+                    ("nodes", job.env_nodes),
+                    ("ntasks", job.env_ranks),
+                    ("cpus-per-task", job.cpus_per_env_rank),
+                ]
+            ),
+        ]
+        launch = f"srun --mpi={job.mpi} --het-group=0,1"
+    else:
+        lines += _directives(
+            [
+                ("partition", job.cpu_partition),
+                ("nodes", job.env_nodes),
+                ("ntasks", 1 + job.env_ranks),
+                ("cpus-per-task", job.cpus_per_env_rank),
+            ]
+        )
+        launch = f"srun --mpi={job.mpi}"
+    train = f"{job.python} -m agentenv_jax.cli train"
+    lines += [
+        "",
+        "set -u",
+        f"RUN_DIR={quoted_run}",
+        "# Resume when an earlier start (before a preemption or requeue) left a checkpoint.",
+        'if compgen -G "$RUN_DIR/checkpoints/[0-9]*" > /dev/null; then',
+        '  ARGS=(--resume "$RUN_DIR")',
+        "else",
+        f"  ARGS=({shlex.quote(job.config_file)})",
+        "fi",
+        "",
+        "# Near the time limit: stop the run with a checkpoint, then requeue this job.",
+        "stop_and_requeue() {",
+        '  kill -TERM "$TRAIN_PID"',
+        '  wait "$TRAIN_PID"',
+        '  scontrol requeue "$SLURM_JOB_ID"',
+        "}",
+        "trap stop_and_requeue USR1",
+        f'{launch} {train} "${{ARGS[@]}}" &',
+        "TRAIN_PID=$!",
+        'wait "$TRAIN_PID"',
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def write_job(args: Any) -> Path:
+    """`agentenv slurm`: the script (and, for a new run, its resolved config beside it)."""
+    from agentenv_jax.config.loading import load_config, save_config
+    from agentenv_jax.launch import check_run_dir, with_run_name
+
+    given = Path(args.config)
+    if (given / "checkpoints").is_dir():  # a run folder: the job resumes it
+        if args.overrides:
+            from agentenv_jax.config.errors import ConfigError
+
+            raise ConfigError(
+                f"--set is not allowed with a run folder ({args.config!r}): the job resumes "
+                "it with its own config.yaml"
+            )
+        run_dir = given.resolve()
+        config_file = run_dir / "config.yaml"
+        load_config(config_file)  # a run folder whose config still loads
+        name = run_dir.name
+    else:
+        config = load_config(args.config, args.overrides)
+        check_run_dir(config, resume=False)
+        config = with_run_name(config)
+        name = str(config.run.name)
+        run_dir = (Path(config.run.run_dir) / name).resolve()
+        config = dataclasses.replace(
+            config, run=dataclasses.replace(config.run, run_dir=str(run_dir.parent))
+        )
+        config_file = Path(f"{name}.yaml").resolve()
+        save_config(config, config_file)
+    job = SlurmJob(
+        job_name=name,
+        config_file=str(config_file),
+        run_dir=str(run_dir),
+        env_ranks=args.env_ranks,
+        env_nodes=args.env_nodes,
+        gpus=args.gpus,
+        cpus_per_env_rank=args.cpus_per_env_rank,
+        time=args.time,
+        gpu_partition=args.gpu_partition,
+        cpu_partition=args.cpu_partition,
+        account=args.account,
+        grace_s=args.grace,
+        mpi=args.mpi,
+        python=sys.executable,
+    )
+    run_dir.parent.mkdir(parents=True, exist_ok=True)  # Slurm writes its log beside the run
+    script = Path(args.output or f"{name}.sbatch")
+    script.write_text(sbatch_script(job))
+    script.chmod(0o755)
+    return script
