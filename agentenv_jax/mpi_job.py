@@ -26,13 +26,16 @@ from agentenv_jax.config.schema import ExperimentConfig
 from agentenv_jax.metrics.logger import ProgressLine
 
 
-def find_mpiexec() -> str:
-    """The mpiexec of the mpich wheel (beside this Python), else the first on PATH."""
+def find_mpiexec() -> str | None:
+    """The mpiexec of the mpich wheel (beside this Python), else the first on PATH, if any."""
     beside = Path(sys.executable).parent / "mpiexec"
-    found = str(beside) if beside.exists() else shutil.which("mpiexec")
-    if found is None:
-        raise ConfigError("ranks > 1 needs mpiexec: install the mpich wheel (pip install mpich)")
-    return found
+    return str(beside) if beside.exists() else shutil.which("mpiexec")
+
+
+def environment_without_launcher() -> dict[str, str]:
+    """This process's environment without an outer MPI launcher's variables, for starting a
+    job of its own (a rank of one job must not think it belongs to another)."""
+    return {k: v for k, v in os.environ.items() if not k.startswith(("PMI_", "OMPI_", "PMIX_"))}
 
 
 def _follow(
@@ -78,12 +81,14 @@ def run_mpi_job(
         config.run.progress_interval_s,
         output,
     )
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("PMI_", "OMPI_", "PMIX_"))}
+    mpiexec = find_mpiexec()
+    if mpiexec is None:
+        raise ConfigError("ranks > 1 needs mpiexec: install the mpich wheel (pip install mpich)")
     with tempfile.TemporaryDirectory() as folder:
         config_file = Path(folder) / "config.yaml"
         save_config(config, config_file)
         command = [
-            find_mpiexec(),
+            mpiexec,
             "-n",
             str(ranks),
             sys.executable,
@@ -95,7 +100,12 @@ def run_mpi_job(
             "run.progress=false",  # this process shows the progress instead
         ]
         with tempfile.TemporaryFile("w+") as errors:
-            job = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=errors)
+            job = subprocess.Popen(
+                command,
+                env=environment_without_launcher(),
+                stdout=subprocess.DEVNULL,
+                stderr=errors,
+            )
             newest = None
             try:
                 while job.poll() is None:

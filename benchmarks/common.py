@@ -18,16 +18,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from agentenv_jax.mpi_job import environment_without_launcher, find_mpiexec
 
-def find_mpiexec() -> str | None:
-    """The mpiexec next to this Python (the mpich wheel puts it there), else the one on PATH."""
-    beside = Path(sys.executable).parent / "mpiexec"
-    return str(beside) if beside.exists() else shutil.which("mpiexec")
-
-
-def clean_env() -> dict[str, str]:
-    """This environment without an outer MPI launcher's variables."""
-    return {k: v for k, v in os.environ.items() if not k.startswith(("PMI_", "OMPI_", "PMIX_"))}
+# The mpiexec beside this Python (the mpich wheel's), and this environment without an outer
+# launcher's variables: as the package finds and cleans them for its own jobs.
+clean_env = environment_without_launcher
 
 
 def results_in(stdout: str, result_prefix: str) -> list[dict[str, Any]]:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 import time
@@ -12,14 +11,15 @@ from pathlib import Path
 
 import pytest
 
+from agentenv_jax.mpi_job import environment_without_launcher, find_mpiexec
+
 REPO = Path(__file__).resolve().parent.parent
 EXPERIMENTS = REPO / "experiments"
 
 
 def mpiexec_path() -> str:
     """The mpiexec of the mpich wheel installed with the package (next to this python)."""
-    candidate = Path(sys.executable).parent / "mpiexec"
-    found = str(candidate) if candidate.exists() else shutil.which("mpiexec")
+    found = find_mpiexec()
     if found is None:
         pytest.fail("mpiexec not found: install the package (it depends on the mpich wheel)")
     return found
@@ -30,7 +30,7 @@ def start_job(
 ) -> subprocess.Popen:
     """Start a command in its own process group, outside any launcher this test runs under
     (with `extra_env` added to its environment)."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("PMI_", "OMPI_", "PMIX_"))}
+    env = environment_without_launcher()
     env["PYTHONUNBUFFERED"] = "1"
     env.update(extra_env or {})
     # Lets `env.id: envs_for_tests:<factory>` resolve on every rank.

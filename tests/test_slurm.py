@@ -14,6 +14,7 @@ import sys
 import pytest
 
 from agentenv_jax.config import ConfigError
+from agentenv_jax.mpi_job import environment_without_launcher
 from agentenv_jax.slurm import SlurmJob, sbatch_script
 
 from conftest import agentenv_command, read_events, run_command, settings, wait_for_updates
@@ -120,8 +121,8 @@ def test_the_script_starts_resumes_and_requeues(tmp_path):
         cwd=tmp_path,
     )
     assert made.returncode == 0, made.stderr
-    env = dict(os.environ, PATH=f"{bin_dir}:{os.environ['PATH']}", SLURM_JOB_ID="42")
-    env = {k: v for k, v in env.items() if not k.startswith(("PMI_", "OMPI_", "PMIX_"))}
+    env = environment_without_launcher()
+    env.update(PATH=f"{bin_dir}:{os.environ['PATH']}", SLURM_JOB_ID="42")
     run_dir = tmp_path / "runs" / "cp"
 
     def start_job(**options):
