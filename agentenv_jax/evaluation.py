@@ -59,12 +59,7 @@ def _observe_fn(config: ExperimentConfig, meta: dict[str, Any], spaces: EnvSpace
     from agentenv_jax.envs import normalization as norm
 
     stats = norm.stats_from_flat(np.asarray(meta["learner"]["obs_stats"]), spaces.obs_dim)
-
-    def observe(obs: np.ndarray) -> np.ndarray:
-        flat = obs.reshape(obs.shape[0], -1)
-        return norm.normalize(flat, stats, config.env.clip_obs).reshape(obs.shape)
-
-    return observe
+    return lambda obs: norm.normalize_observations(obs, stats, config.env.clip_obs)
 
 
 def _act_fn(
@@ -79,6 +74,7 @@ def _act_fn(
         from agentenv_jax.networks.sac_networks import (
             deterministic_action,
             sample_squashed_action,
+            unit_to_bounds,
         )
 
         actor_apply = sac_networks_for(config, spaces).actor_apply
@@ -93,7 +89,7 @@ def _act_fn(
                 if deterministic
                 else sample_squashed_action(head, noise)[0]
             )
-            return low + (unit + 1.0) * 0.5 * (high - low)  # as the env ranks scale them
+            return unit_to_bounds(unit, low, high)  # as the env ranks scale them
 
         return jax.jit(act_sac)
 

@@ -112,8 +112,7 @@ class Actor:
     def _observe(self, raw_obs: np.ndarray) -> np.ndarray:
         if not self._normalize_obs:
             return raw_obs
-        flat = raw_obs.reshape(raw_obs.shape[0], -1)
-        return norm.normalize(flat, self._obs_stats, self._clip_obs).reshape(raw_obs.shape)
+        return norm.normalize_observations(raw_obs, self._obs_stats, self._clip_obs)
 
     def _poll(self) -> bool:
         """Take the newest parameters if any arrived and move segments; True once told to stop."""

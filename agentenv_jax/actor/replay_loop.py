@@ -15,6 +15,7 @@ from agentenv_jax.actor.policy import SquashedGaussianPolicy
 from agentenv_jax.buffers.replay import ReplayPartition
 from agentenv_jax.envs.factory import EnvSpaces, autoreset_mode
 from agentenv_jax.envs.faults import fault_mask
+from agentenv_jax.networks.sac_networks import unit_to_bounds
 from agentenv_jax.transport.base import TransportError
 from agentenv_jax.transport.messages import MAX_EPISODES_PER_ANSWER, REPLAY_COUNTERS
 from agentenv_jax.transport.spec import MessageSpec
@@ -181,7 +182,7 @@ class ReplayActor:
         else:
             action = self._policy.random_act(self._num_envs)
         tock = time.perf_counter()
-        env_action = self._low + (action + 1.0) * 0.5 * (self._high - self._low)
+        env_action = unit_to_bounds(action, self._low, self._high)
         next_obs, reward, terminated, truncated, info = self._env.step(env_action)
         self._seconds[0] += time.perf_counter() - tock
         self._seconds[1] += tock - tick

@@ -65,6 +65,12 @@ def normalize(x: np.ndarray, stats: RunningStats, clip: float, eps: float = 1e-8
     return np.clip(scaled, -clip, clip).astype(np.float32)
 
 
+def normalize_observations(obs: np.ndarray, stats: RunningStats, clip: float) -> np.ndarray:
+    """`normalize` of a batch of observations `[N, ...]` of any shape, as float32 `[N, ...]`."""
+    flat = obs.reshape(obs.shape[0], -1)
+    return normalize(flat, stats, clip).reshape(obs.shape)
+
+
 def scale(x: np.ndarray, stats: RunningStats, clip: float, eps: float = 1e-8) -> np.ndarray:
     """`clip(x / sqrt(var + eps))` as float32: reward scaling by the return's std (no centering)."""
     scaled = x / np.sqrt(variance(stats)[0] + eps)

@@ -158,3 +158,8 @@ def sample_squashed_action(
 def deterministic_action(actor_head: jax.Array) -> jax.Array:
     """`tanh(mean)`, `[..., d]` in `[-1, 1]`: the action used for evaluation."""
     return jnp.tanh(actor_head[..., 0, :])
+
+
+def unit_to_bounds(action: Any, low: Any, high: Any) -> Any:
+    """Actions in `[-1, 1]` mapped onto a Box's `[low, high]` (numpy or JAX arrays alike)."""
+    return low + (action + 1.0) * 0.5 * (high - low)
