@@ -69,6 +69,28 @@ def _parser() -> argparse.ArgumentParser:
         help="a metrics.jsonl key to draw (repeatable; default episode_return_mean)",
     )
     plot.add_argument("-o", "--output", default="curves.png", help="the PNG to write")
+    sweep = commands.add_parser(
+        "sweep",
+        help="run a sweep file's trials (grid or random, seeds as an axis), N at a time, "
+        "resumably, and write its results tables",
+    )
+    sweep.add_argument("sweep", help="sweep YAML, or a shipped sweep's name (agentenv list)")
+    sweep.add_argument("--set", dest="overrides", action="append", default=[], metavar="K=V")
+    sweep.add_argument("--parallel", type=int, help="trials at once (default: the file's)")
+    sweep.add_argument(
+        "--trial",
+        type=int,
+        metavar="K",
+        help="run only trial K (0-based; a Slurm array task's SLURM_ARRAY_TASK_ID)",
+    )
+    sweep.add_argument(
+        "--launcher",
+        metavar="CMD",
+        help="start each trial under CMD (e.g. 'srun --mpi=pmix') instead of mpiexec -n RANKS",
+    )
+    sweep.add_argument(
+        "--table", action="store_true", help="only rewrite the results tables from the trials"
+    )
     slurm = commands.add_parser(
         "slurm",
         help="write a Slurm batch script for a run: learner on a GPU node, env ranks on CPU "
@@ -116,6 +138,31 @@ def resume_config(run_dir: str, config_path: str | None, overrides: list[str]):
     return load_config(folder / "config.yaml", [*overrides, *location])
 
 
+def _sweep(args: argparse.Namespace) -> int:
+    import shlex
+
+    from agentenv_jax.sweeps.runner import SweepRunner, prepare, write_results
+    from agentenv_jax.sweeps.spec import read_sweep
+
+    spec = read_sweep(args.sweep, args.overrides, args.parallel)
+    trials = prepare(spec)
+    if args.table:
+        write_results(spec, trials)
+        print(f"wrote {spec.folder / 'results.md'}", flush=True)
+        return 0
+    only = None
+    if args.trial is not None:
+        if not 0 <= args.trial < len(trials):
+            raise ConfigError(
+                f"--trial {args.trial} is not allowed: sweep {spec.name!r} has trials 0 to "
+                f"{len(trials) - 1}"
+            )
+        only = [trials[args.trial]]
+    launcher = shlex.split(args.launcher) if args.launcher else ()
+    runner = SweepRunner(spec, trials, lambda line: print(line, flush=True), launcher)
+    return runner.run(only)
+
+
 def _rank_prefix() -> str:
     rank = supervisor.launcher_rank()
     return "" if rank is None else f"rank {rank}: "
@@ -141,9 +188,12 @@ def main(argv: list[str] | None = None) -> int:
             return supervisor.supervise(argv)
         supervisor.die_with_supervisor()
     if args.command == "list":
-        from agentenv_jax.config.experiments import describe, shipped_experiments
+        from agentenv_jax.config.experiments import describe, shipped_experiments, shipped_sweeps
 
         for name, path in shipped_experiments().items():
+            print(f"{name:<20} {describe(path)}")
+        print("\nsweeps (agentenv sweep NAME):")
+        for name, path in shipped_sweeps().items():
             print(f"{name:<20} {describe(path)}")
         return 0
     if args.command == "config-reference":
@@ -167,6 +217,8 @@ def main(argv: list[str] | None = None) -> int:
             script = write_job(args)
             print(f"wrote {script}; submit it with: sbatch {script}", flush=True)
             return 0
+        if args.command == "sweep":
+            return _sweep(args)
         if args.command == "plot":
             from agentenv_jax.api import load_run
             from agentenv_jax.plotting import plot_runs

@@ -21,6 +21,7 @@ from typing import Any
 from agentenv_jax.config.errors import ConfigError
 from agentenv_jax.config.loading import config_to_dict, save_config
 from agentenv_jax.config.schema import ExperimentConfig
+from agentenv_jax.metrics.compilation import CompileTotals, compile_totals, use_persistent_cache
 from agentenv_jax.roles import (
     learner_devices,
     plan_for,
@@ -154,10 +155,23 @@ def _learner_outputs(config: ExperimentConfig):
     return run_dir, writer, progress
 
 
+def _start_compile_clock(config: ExperimentConfig) -> CompileTotals:
+    """Before anything compiles: open the run's persistent compilation cache, if it has one,
+    and note this process's compilation so far."""
+    use_persistent_cache(config.run.compilation_cache_dir)
+    return compile_totals()
+
+
 def _summarize(
-    run_dir: Path, learner, wall_s: float, topology: Topology, interrupted: bool = False
+    run_dir: Path,
+    learner,
+    wall_s: float,
+    topology: Topology,
+    compile_start: CompileTotals,
+    interrupted: bool = False,
 ) -> TrainResult:
     accounting = learner.accounting.as_dict()
+    compiled = compile_totals().since(compile_start)
     summary = {
         "run_dir": str(run_dir),
         "interrupted": interrupted,
@@ -173,6 +187,11 @@ def _summarize(
         "steps_per_s": learner.session_env_steps / max(wall_s, 1e-9),
         "accounting": accounting,
         "env_faults": learner.env_faults,
+        # This process's XLA compilation in this session (the learner's; in one process, the
+        # env rank's too): a persistent-cache hit counts as a program with a short fetch.
+        "compile_s": compiled.seconds,
+        "compiled_programs": compiled.programs,
+        "compile_cache_hits": compiled.cache_hits,
     }
     if hasattr(learner, "obs_stats"):
         summary["obs_normalizer_count"] = learner.obs_stats.count
@@ -206,7 +225,8 @@ def format_summary(summary: dict[str, Any]) -> str:
         f" updates    {summary['updates']}   env steps {summary['env_steps']:,}   "
         f"episodes {summary['episodes']:,}",
         f" return     {summary['episode_return_mean']:.2f} (mean of the last episodes)",
-        f" time       {summary['wall_s']:.1f} s   {summary['steps_per_s']:,.0f} env steps/s",
+        f" time       {summary['wall_s']:.1f} s   {summary['steps_per_s']:,.0f} env steps/s   "
+        f"compiling {summary.get('compile_s', 0.0):.1f} s",
     ]
     if summary.get("env_faults"):
         lines.append(
@@ -268,6 +288,7 @@ def run_single_process(config: ExperimentConfig, resume: bool = False) -> TrainR
     """One learner and one env rank in this process, interleaved over the in-process transport."""
     from agentenv_jax.learner.session import LearnerSession
 
+    compile_start = _start_compile_clock(config)
     topology = make_topology(config, world_size=1, rank=0)
     config, replay_source = _prepare_learner(config, resume)
     vector_env, spaces = prepare_env_rank(config, topology)
@@ -305,7 +326,12 @@ def run_single_process(config: ExperimentConfig, resume: bool = False) -> TrainR
         finally:
             session.close()  # the final checkpoint, with the run's accounting when complete
         return _summarize(
-            run_dir, learner, time.perf_counter() - started, topology, session.interrupted
+            run_dir,
+            learner,
+            time.perf_counter() - started,
+            topology,
+            compile_start,
+            session.interrupted,
         )
     finally:
         writer.close()
@@ -321,6 +347,7 @@ def run_mpi(config: ExperimentConfig, resume: bool = False) -> TrainResult:
     world = MPIWorld()
     if world.size == 1:
         return run_single_process(config, resume)
+    compile_start = _start_compile_clock(config)
     topology = make_topology(config, world.size, world.rank)
     if topology.is_env_rank:
         if config.topology.single_threaded_env_ranks:
@@ -403,7 +430,12 @@ def run_mpi(config: ExperimentConfig, resume: bool = False) -> TrainResult:
             finally:
                 session.close()  # the final checkpoint, with the run's accounting when complete
             return _summarize(
-                run_dir, learner, time.perf_counter() - started, topology, session.interrupted
+                run_dir,
+                learner,
+                time.perf_counter() - started,
+                topology,
+                compile_start,
+                session.interrupted,
             )
         finally:
             writer.close()

@@ -96,7 +96,7 @@ BAD_INPUTS = {
     ),
     "yaml_file_not_a_mapping": (
         ["@- just\n- a list\n"],
-        "must hold a mapping of sections, not list",
+        "must hold a mapping, not list",
     ),
     "repeated_section_in_file": (
         ["@env:\n  id: CartPole-v1\nenv:\n  global_num_envs: 4\n"],

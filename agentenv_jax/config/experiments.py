@@ -32,19 +32,32 @@ def describe(path: Path) -> str:
     return text if end < 0 else text[: end + 1]
 
 
-def resolve_config_path(name_or_path: str | Path) -> Path:
-    """The file of a config argument: an existing file, else a shipped experiment's name
-    (`cartpole_ppo`, with or without `.yaml`); `ConfigError` naming both when neither."""
+def shipped_sweeps() -> dict[str, Path]:
+    """Every shipped sweep file (`experiments/sweeps/`) by name, sorted."""
+    return {path.stem: path for path in sorted((EXPERIMENTS_DIR / "sweeps").glob("*.yaml"))}
+
+
+def _resolve(name_or_path: str | Path, shipped: dict[str, Path], what: str) -> Path:
     path = Path(name_or_path)
     if path.is_file():
         return path
-    shipped = shipped_experiments()
     name = path.name.removesuffix(".yaml")
     if path.parent == Path(".") and name in shipped:
         return shipped[name]
     close = difflib.get_close_matches(name, list(shipped), n=1, cutoff=0.6)
     hint = f" (did you mean {close[0]!r}?)" if close else ""
     raise ConfigError(
-        f"config file {str(name_or_path)!r} does not exist and is not a shipped experiment"
+        f"{what} file {str(name_or_path)!r} does not exist and is not a shipped {what}"
         f"{hint}; shipped: {', '.join(shipped)} (`agentenv list`)"
     )
+
+
+def resolve_config_path(name_or_path: str | Path) -> Path:
+    """The file of a config argument: an existing file, else a shipped experiment's name
+    (`cartpole_ppo`, with or without `.yaml`); `ConfigError` naming both when neither."""
+    return _resolve(name_or_path, shipped_experiments(), "experiment")
+
+
+def resolve_sweep_path(name_or_path: str | Path) -> Path:
+    """The file of a sweep argument: an existing file, else a shipped sweep's name."""
+    return _resolve(name_or_path, shipped_sweeps(), "sweep")

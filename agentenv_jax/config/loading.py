@@ -217,27 +217,32 @@ def _deep_copy(raw: Mapping[str, Any]) -> dict[str, Any]:
     return {k: _deep_copy(v) if isinstance(v, Mapping) else v for k, v in raw.items()}
 
 
+def read_yaml_mapping(path: Path, what: str, empty_hint: str) -> dict[str, Any]:
+    """A YAML file that must hold a mapping (no key twice); `ConfigError` naming the file as
+    `what` (and the line) when it is empty, not YAML or not a mapping."""
+    try:
+        raw = yaml.load(path.read_text(), Loader=_StrictLoader)
+    except ConfigError as err:
+        raise ConfigError(f"{what} {str(path)!r}, {err}") from None
+    except yaml.YAMLError as err:
+        raise ConfigError(f"{what} {str(path)!r} is not valid YAML: {err}") from None
+    if raw is None:
+        raise ConfigError(f"{what} {str(path)!r} is empty: {empty_hint}")
+    if not isinstance(raw, Mapping):
+        raise ConfigError(f"{what} {str(path)!r} must hold a mapping, not {type(raw).__name__}")
+    return dict(raw)
+
+
 def read_config_file(path: str | Path) -> dict[str, Any]:
     """The raw sections of a YAML experiment file (or of a shipped experiment, by name);
     `ConfigError` naming the file (and line) when it is missing, empty, not YAML, not a
     mapping, or repeats a key."""
-    path = resolve_config_path(path)
-    try:
-        raw = yaml.load(path.read_text(), Loader=_StrictLoader)
-    except ConfigError as err:
-        raise ConfigError(f"config file {str(path)!r}, {err}") from None
-    except yaml.YAMLError as err:
-        raise ConfigError(f"config file {str(path)!r} is not valid YAML: {err}") from None
-    if raw is None:
-        raise ConfigError(
-            f"config file {str(path)!r} is empty: expected a mapping of sections (env, "
-            "algorithm, ...); to train on the defaults, give no file"
-        )
-    if not isinstance(raw, Mapping):
-        raise ConfigError(
-            f"config file {str(path)!r} must hold a mapping of sections, not {type(raw).__name__}"
-        )
-    return dict(raw)
+    return read_yaml_mapping(
+        resolve_config_path(path),
+        "config file",
+        "expected a mapping of sections (env, algorithm, ...); to train on the defaults, "
+        "give no file",
+    )
 
 
 def load_config(path: str | Path | None, overrides: Sequence[str] = ()) -> ExperimentConfig:

@@ -264,6 +264,8 @@ class RunConfig:
     def validate(self, prefix: str) -> None:
         _require(
             self.total_env_steps >= 1,
+    # Runs that compile the same programs (a sweep's trials of one config) share this cache.
+    compilation_cache_dir: str | None = None  # JAX persistent compilation cache (None: off)
             f"{prefix}.total_env_steps",
             self.total_env_steps,
             "an integer >= 1",

@@ -1,0 +1,1 @@
+"""Hyperparameter sweeps: a sweep file, its trials, running them, and the results tables."""
