@@ -93,15 +93,21 @@ def _parser() -> argparse.ArgumentParser:
     )
     slurm = commands.add_parser(
         "slurm",
-        help="write a Slurm batch script for a run: learner on a GPU node, env ranks on CPU "
-        "nodes, resumed after preemption or requeue",
+        help="write a Slurm batch script for a run (learner on a GPU node, env ranks on CPU "
+        "nodes) or a job array for a sweep, resumed after preemption or requeue",
     )
     slurm.add_argument(
-        "config", help="experiment YAML or shipped name (a new run), or a run folder (resume)"
+        "config",
+        help="experiment YAML or shipped name (a new run), a run folder (resume), or a sweep "
+        "file or shipped sweep (a job array, one task per trial)",
     )
     slurm.add_argument("--set", dest="overrides", action="append", default=[], metavar="K=V")
-    slurm.add_argument("--env-ranks", type=int, default=8, help="env ranks (MPI tasks)")
-    slurm.add_argument("--env-nodes", type=int, default=1, help="CPU nodes for the env ranks")
+    slurm.add_argument(
+        "--env-ranks", type=int, help="env ranks (MPI tasks; default 8; a sweep: its ranks)"
+    )
+    slurm.add_argument(
+        "--env-nodes", type=int, default=1, help="CPU nodes for the env ranks (a sweep: per task)"
+    )
     slurm.add_argument("--gpus", type=int, default=1, help="learner GPUs (0: no GPU node)")
     slurm.add_argument("--cpus-per-env-rank", type=int, default=1)
     slurm.add_argument("--time", default="04:00:00", help="time limit per start of the job")
@@ -112,6 +118,7 @@ def _parser() -> argparse.ArgumentParser:
         "--grace", type=int, default=120, help="seconds before the limit to stop and requeue"
     )
     slurm.add_argument("--mpi", default="pmix", help="srun --mpi plugin")
+    slurm.add_argument("--parallel", type=int, help="sweep: array tasks at once (default: its)")
     slurm.add_argument("-o", "--output", help="the script to write (default: RUN_NAME.sbatch)")
     return parser
 

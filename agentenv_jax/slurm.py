@@ -8,6 +8,13 @@ and each after a requeue — finds it: when it holds a checkpoint the job resume
 sends SIGTERM, which stops the run with a final checkpoint (`--requeue` brings it back); near
 the time limit Slurm signals the batch shell (`--signal=B:USR1@grace`), which stops the run the
 same way and requeues the job itself.
+
+`sweep_array_script(...)` writes a job array for a sweep, one array task per trial, at most
+`parallel` at once. Slurm runs no job array of heterogeneous jobs, so each task is one
+allocation of the trial's ranks (the learner, rank 0, on the first node with the GPUs).
+Each task runs `agentenv sweep FILE --trial $SLURM_ARRAY_TASK_ID` with `srun` as the launcher;
+the trial resumes from its checkpoint after a preemption or requeue, as a run's job does, and
+each task rewrites the sweep's tables when its trial ends.
 """
 
 from __future__ import annotations
@@ -136,11 +143,148 @@ def sbatch_script(job: SlurmJob) -> str:
     return "\n".join(lines)
 
 
+@dataclasses.dataclass(frozen=True)
+class SweepArrayJob:
+    """A sweep's job array: `trials` array tasks, `parallel` at a time, each `ranks` tasks."""
+
+    job_name: str
+    sweep_command: str  # `agentenv sweep FILE --set ...`, quoted; --trial is added per task
+    folder: str  # the sweep folder, for Slurm's logs
+    workdir: str  # where the sweep command runs (its run_dir may be relative)
+    trials: int
+    parallel: int
+    ranks: int
+    nodes: int = 1
+    gpus: int = 1  # GPUs per array task, for the learner (0: CPU only)
+    cpus_per_rank: int = 1
+    time: str = "04:00:00"
+    partition: str | None = None
+    account: str | None = None
+    grace_s: int = 120
+    mpi: str = "pmix"
+
+    def validate(self) -> None:
+        from agentenv_jax.config.errors import ConfigError
+
+        if self.nodes > self.ranks:
+            raise ConfigError(
+                f"env_nodes = {self.nodes} is not allowed for sweep {self.job_name!r}: expected "
+                f"at most its trials' ranks ({self.ranks})"
+            )
+        for name, value, least in (("gpus", self.gpus, 0), ("grace_s", self.grace_s, 1)):
+            if value < least:
+                raise ConfigError(
+                    f"{name} = {value!r} is not allowed: expected an integer >= {least}"
+                )
+
+
+def sweep_array_script(job: SweepArrayJob) -> str:
+    """The job-array script of a sweep (see the module docstring)."""
+    job.validate()
+    options: list[tuple[str, object]] = [
+        ("job-name", job.job_name),
+        ("array", f"0-{job.trials - 1}%{job.parallel}"),
+        ("time", job.time),
+        ("account", job.account),
+        ("partition", job.partition),
+        ("signal", f"B:USR1@{job.grace_s}"),
+        ("chdir", job.workdir),
+        ("output", f"{job.folder}/logs/slurm-%A_%a.out"),
+        ("nodes", job.nodes),
+        ("ntasks", job.ranks),
+        ("cpus-per-task", job.cpus_per_rank),
+        ("gpus", job.gpus or None),
+    ]
+    launcher = shlex.quote(f"srun --mpi={job.mpi}")
+    return "\n".join(
+        [
+            "#!/bin/bash",
+            *_directives(options),
+            "#SBATCH --requeue",
+            "",
+            "set -u",
+            "# This task's trial; it resumes from its checkpoint after a preemption or requeue.",
+            "stop_and_requeue() {",
+            '  kill -TERM "$SWEEP_PID"',
+            '  wait "$SWEEP_PID"',
+            '  scontrol requeue "$SLURM_JOB_ID"',
+            "}",
+            "trap stop_and_requeue USR1",
+            f'{job.sweep_command} --trial "$SLURM_ARRAY_TASK_ID" --launcher {launcher} &',
+            "SWEEP_PID=$!",
+            'wait "$SWEEP_PID"',
+            "",
+        ]
+    )
+
+
+def _is_sweep_file(name_or_path: str) -> bool:
+    """Whether `agentenv slurm`'s argument names a sweep (a file with a `base`, or a shipped
+    sweep) rather than an experiment or a run folder."""
+    import yaml
+
+    from agentenv_jax.config.experiments import shipped_sweeps
+
+    path = Path(name_or_path)
+    if path.is_file():
+        try:
+            raw = yaml.safe_load(path.read_text())
+        except yaml.YAMLError:
+            return False  # an experiment file's reader says what is wrong
+        return isinstance(raw, dict) and "base" in raw
+    return path.parent == Path(".") and path.name.removesuffix(".yaml") in shipped_sweeps()
+
+
+def write_sweep_job(args: Any) -> Path:
+    """`agentenv slurm SWEEP`: claim the sweep's folder (checking every trial's config) and
+    write its job-array script."""
+    from agentenv_jax.config.errors import ConfigError
+    from agentenv_jax.sweeps.runner import prepare
+    from agentenv_jax.sweeps.spec import read_sweep
+
+    if args.env_ranks is not None:
+        raise ConfigError(
+            f"--env-ranks is not allowed with a sweep ({args.config!r}): its trials' ranks are "
+            "the sweep file's `ranks`"
+        )
+    spec = read_sweep(args.config, args.overrides)
+    trials = prepare(spec)
+    folder = spec.folder.resolve()
+    (folder / "logs").mkdir(parents=True, exist_ok=True)
+    command = [sys.executable, "-m", "agentenv_jax.cli", "sweep", str(Path(args.config))]
+    if Path(args.config).is_file():
+        command[-1] = str(Path(args.config).resolve())
+    command += [a for o in args.overrides for a in ("--set", o)]
+    job = SweepArrayJob(
+        job_name=spec.name,
+        sweep_command=shlex.join(command),
+        folder=str(folder),
+        workdir=str(Path.cwd()),
+        trials=len(trials),
+        parallel=args.parallel or spec.parallel,
+        ranks=spec.ranks,
+        nodes=args.env_nodes,
+        gpus=args.gpus,
+        cpus_per_rank=args.cpus_per_env_rank,
+        time=args.time,
+        partition=args.gpu_partition if args.gpus else args.cpu_partition,
+        account=args.account,
+        grace_s=args.grace,
+        mpi=args.mpi,
+    )
+    script = Path(args.output or f"{spec.name}.sbatch")
+    script.write_text(sweep_array_script(job))
+    script.chmod(0o755)
+    return script
+
+
 def write_job(args: Any) -> Path:
     """`agentenv slurm`: the script (and, for a new run, its resolved config beside it)."""
     from agentenv_jax.config.loading import load_config, save_config
     from agentenv_jax.launch import check_run_dir, with_run_name
 
+    if _is_sweep_file(args.config):
+        return write_sweep_job(args)
     given = Path(args.config)
     if (given / "checkpoints").is_dir():  # a run folder: the job resumes it
         if args.overrides:
@@ -169,7 +313,7 @@ def write_job(args: Any) -> Path:
         job_name=name,
         config_file=str(config_file),
         run_dir=str(run_dir),
-        env_ranks=args.env_ranks,
+        env_ranks=8 if args.env_ranks is None else args.env_ranks,
         env_nodes=args.env_nodes,
         gpus=args.gpus,
         cpus_per_env_rank=args.cpus_per_env_rank,
