@@ -1,7 +1,8 @@
 """agentenv_jax: distributed actor-critic reinforcement learning with JAX and MPI.
 
-The Python API (`train`, `load_run`, `evaluate`, `load_config`) is imported on first use, so
-that importing the package stays cheap (each MPI rank's supervisor process imports it too).
+The Python API (`train`, `load_run`, `evaluate`, `load_config`, `sweep`, `load_sweep`) is
+imported on first use, so that importing the package stays cheap (each MPI rank's supervisor
+process imports it too).
 """
 
 from __future__ import annotations
@@ -14,6 +15,9 @@ _API = {
     "train": "agentenv_jax.api",
     "evaluate": "agentenv_jax.evaluation",
     "load_config": "agentenv_jax.config.loading",
+    "sweep": "agentenv_jax.sweeps.loading",
+    "load_sweep": "agentenv_jax.sweeps.loading",
+    "Sweep": "agentenv_jax.sweeps.loading",
 }
 
 __all__ = sorted(_API)

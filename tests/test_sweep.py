@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 import yaml
 
+import agentenv_jax as ae
 from agentenv_jax.config.errors import ConfigError
 from agentenv_jax.sweeps.results import interquartile_means
 from agentenv_jax.sweeps.spec import check_trials, expand, read_sweep
@@ -192,6 +193,15 @@ def test_grid_sweep_is_killed_resumed_and_tabled(tmp_path):
 
     again = run_command(agentenv_command("sweep", str(path)), timeout=120, cwd=tmp_path)
     assert "8 finished earlier, 0 to run" in again.stdout and _summaries(folder) == after
+
+    loaded = ae.load_sweep(folder)  # the tables as the Python API reads them back
+    assert loaded.scores() == {
+        c: [float(t["episode_return_mean"]) for t in trials if t["config"] == str(c)]
+        for c in range(4)
+    }
+    assert [run.run_dir.name for run in loaded.runs(config=2)] == [
+        t["trial"] for t in trials if t["config"] == "2"
+    ]
 
 
 def test_mpiexec_trials_one_trial_at_a_time_and_a_changed_sweep(tmp_path):

@@ -153,10 +153,14 @@ def _cell(value: Any) -> str:
 
 
 def _csv(rows: Sequence[dict]) -> str:
+    """Full precision (for analysis); lists as JSON; None as an empty cell."""
     out = io.StringIO()
     writer = csv.DictWriter(out, fieldnames=list(rows[0]), lineterminator="\n")
     writer.writeheader()
-    writer.writerows({k: _cell(v) for k, v in row.items()} for row in rows)
+    writer.writerows(
+        {k: json.dumps(v) if isinstance(v, list | tuple) else v for k, v in row.items()}
+        for row in rows
+    )
     return out.getvalue()
 
 
