@@ -17,6 +17,7 @@ import yaml
 
 import agentenv_jax as ae
 from agentenv_jax.config.errors import ConfigError
+from agentenv_jax.config.experiments import shipped_sweeps
 from agentenv_jax.sweeps.results import interquartile_means
 from agentenv_jax.sweeps.spec import check_trials, expand, read_sweep
 
@@ -242,3 +243,13 @@ def test_mpiexec_trials_one_trial_at_a_time_and_a_changed_sweep(tmp_path):
         cwd=tmp_path,
     )
     assert bad.returncode == 2 and "--trial 5 is not allowed" in bad.stderr
+
+
+@pytest.mark.parametrize("name", sorted(shipped_sweeps()))
+def test_every_shipped_sweep_builds_its_trials(name):
+    spec = read_sweep(name)
+    trials = expand(spec)
+    check_trials(spec, trials)
+    assert trials and len({t.name for t in trials}) == len(trials)
+    if name.startswith("suite_"):  # the standard suite is measured over at least 3 seeds
+        assert len(spec.seeds) >= 3 and not spec.parameters
