@@ -260,12 +260,12 @@ class RunConfig:
     progress_interval_s: float = 5.0  # seconds between progress lines when not on a terminal
     transport_timeout_s: float = 120.0  # learner gives up on a silent env rank (env ranks: 2x)
     tensorboard: bool = False  # also write TensorBoard events to RUN_DIR/tensorboard
+    # Runs that compile the same programs (a sweep's trials of one config) share this cache.
+    compilation_cache_dir: str | None = None  # JAX persistent compilation cache (None: off)
 
     def validate(self, prefix: str) -> None:
         _require(
             self.total_env_steps >= 1,
-    # Runs that compile the same programs (a sweep's trials of one config) share this cache.
-    compilation_cache_dir: str | None = None  # JAX persistent compilation cache (None: off)
             f"{prefix}.total_env_steps",
             self.total_env_steps,
             "an integer >= 1",
