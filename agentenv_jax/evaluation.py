@@ -96,7 +96,7 @@ def _act_fn(
     from agentenv_jax.networks import action_distribution, actor_critic_for
 
     _, apply_fn = actor_critic_for(config.network, spaces)
-    distribution = action_distribution(spaces.action_kind)
+    distribution = action_distribution(spaces.action_kind, spaces.action_nvec)
     params = state["params"]
 
     def act(obs: jax.Array, noise: jax.Array) -> jax.Array:
@@ -155,7 +155,7 @@ def evaluate(
                 batch = observe(np.asarray(obs, np.float32)[None])
                 noise = (
                     rng.gumbel(size=(1, noise_size))
-                    if spaces.action_kind == "discrete"
+                    if spaces.action_kind != "continuous"
                     else rng.standard_normal((1, noise_size))
                 ).astype(np.float32)
                 action = np.asarray(act(batch, noise))[0]

@@ -10,10 +10,13 @@ import dataclasses
 import os
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from agentenv_jax.config.schema import ExperimentConfig
 from agentenv_jax.transport.topology import Topology
+
+if TYPE_CHECKING:  # like the other heavy imports here, only where used
+    from agentenv_jax.envs.spaces import EnvSpaces
 
 
 def single_threaded_xla() -> None:
@@ -37,13 +40,37 @@ def env_rank_timeout_s(config: ExperimentConfig) -> float:
     return 2.0 * config.run.transport_timeout_s
 
 
+def check_spaces_fit(config: ExperimentConfig, spaces: EnvSpaces, action_space: Any) -> None:
+    """Settings that the env's spaces rule out, as start-up errors naming the field:
+    SAC on non-Box actions or images, observation normalization of images, a CNN torso on
+    non-image observations."""
+    from agentenv_jax.envs.factory import EnvError
+    from agentenv_jax.networks.torsos import resolve_torso
+
+    env_id = config.env.id
+    if config.algorithm.name == "sac" and spaces.action_kind != "continuous":
+        raise EnvError(
+            f"env.id = {env_id!r} has action space {action_space}: algorithm.name = 'sac' "
+            "needs a Box action space (use 'ppo' or 'impala' for discrete actions)"
+        )
+    observed = f"env.id = {env_id!r} observes {spaces.obs_dtype} images {spaces.obs_shape}"
+    if config.algorithm.name == "sac" and spaces.is_image:
+        raise EnvError(f"{observed}: algorithm.name = 'sac' needs vector observations")
+    if spaces.is_image and config.env.normalize_obs:
+        # Pixels are scaled by 1/255 in the network; per-pixel running statistics would cost
+        # 2 float64 per pixel in every message and are not what pixel agents use.
+        raise EnvError(
+            f"{observed}: env.normalize_obs = true is not allowed for images (the network "
+            "scales pixels to [0, 1]); set env.normalize_obs = false"
+        )
+    try:
+        resolve_torso(config.network.torso, spaces.is_image)
+    except ValueError as err:
+        raise EnvError(f"{err} (env.id = {env_id!r} observes Box{spaces.obs_shape})") from None
+
+
 def prepare_env_rank(config: ExperimentConfig, topology: Topology):
-    from agentenv_jax.envs.factory import (
-        EnvError,
-        check_first_reset,
-        describe_spaces,
-        make_vector_env,
-    )
+    from agentenv_jax.envs.factory import check_first_reset, describe_spaces, make_vector_env
 
     index = topology.env_rank_index
     vector_env = make_vector_env(config.env, topology.local_num_envs[index])
@@ -52,12 +79,7 @@ def prepare_env_rank(config: ExperimentConfig, topology: Topology):
         spaces = describe_spaces(
             config.env.id, vector_env.single_observation_space, vector_env.single_action_space
         )
-        if config.algorithm.name == "sac" and spaces.action_kind != "continuous":
-            raise EnvError(
-                f"env.id = {config.env.id!r} has action space "
-                f"{vector_env.single_action_space}: algorithm.name = 'sac' needs a Box action "
-                "space (use 'ppo' or 'impala' for discrete actions)"
-            )
+        check_spaces_fit(config, spaces, vector_env.single_action_space)
     except Exception:
         vector_env.close()
         raise
@@ -91,7 +113,7 @@ def build_actor_policy(config, topology, spaces, network=None):
     return ActorPolicy(
         apply_fn,
         layout.unravel,
-        action_distribution(spaces.action_kind),
+        action_distribution(spaces.action_kind, spaces.action_nvec),
         spaces.action_size,
         spaces.action_shape,
         [config.run.seed, topology.env_offsets[topology.env_rank_index]],
@@ -165,7 +187,7 @@ def on_policy_plan(config: ExperimentConfig, topology: Topology, spaces) -> Role
         on_policy_segment_spec(spaces, config.algorithm.rollout_length, n)
         for n in topology.local_num_envs
     ]
-    param_spec = param_message_spec(num_params, spaces.obs_dim)
+    param_spec = param_message_spec(num_params, spaces.normalizer_dim)
     inflight = config.topology.max_inflight_segments
     env_ranks = [topology.env_rank_of(i) for i in range(topology.num_env_ranks)]
 
@@ -226,7 +248,7 @@ def replay_plan(
     import jax
 
     actor_layout = FlatLayout.of(lambda: networks.init(jax.random.key(0))[0])
-    param_spec = messages.param_message_spec(actor_layout.num_params, spaces.obs_dim)
+    param_spec = messages.param_message_spec(actor_layout.num_params, spaces.normalizer_dim)
     request_spec = messages.sample_request_spec()
     answer_spec = messages.sample_answer_spec(algo.batch_size, spaces.obs_shape, spaces.action_size)
     priority_spec = messages.priority_update_spec(algo.batch_size)

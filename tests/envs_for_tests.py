@@ -34,22 +34,83 @@ def not_an_env(**kwargs) -> str:
     return "not an env"
 
 
-class DictObservationEnv(gym.Env):
-    """An env whose observation space the framework does not support yet."""
+class TextObservationEnv(gym.Env):
+    """An env whose observation space the framework does not support (text)."""
 
-    observation_space = gym.spaces.Dict({"position": gym.spaces.Box(-1, 1, (2,), np.float32)})
+    observation_space = gym.spaces.Text(8)
     action_space = gym.spaces.Discrete(2)
 
     def reset(self, *, seed=None, options=None):
         super().reset(seed=seed)
-        return {"position": np.zeros(2, np.float32)}, {}
+        return "hello", {}
 
     def step(self, action):
-        return {"position": np.zeros(2, np.float32)}, 0.0, True, False, {}
+        return "hello", 0.0, True, False, {}
 
 
-def dict_observation_env() -> gym.Env:
-    return DictObservationEnv()
+def text_observation_env() -> gym.Env:
+    return TextObservationEnv()
+
+
+class CueEnv(gym.Env):
+    """Each step shows a cue `c` in {0, 1, 2}; 8 steps per episode. The cue is observed as
+    `obs = "discrete"` (Discrete(3)) or `"nested"` (`Tuple(Discrete(3) cue, Dict(parity:
+    Discrete(2), time: Box[1]))`, parity and time carrying no reward information). Rewards:
+    * `action = "discrete"` (Discrete(3)): 1 for choosing `c`; random play scores 8/3.
+    * `"multi_discrete"` (MultiDiscrete([3, 4])): 1 for `a[0] == c`, 0.5 more for
+      `a[1] == (c + 1) % 4`; random play scores 8/3 + 1, the best 12.
+    * `"multi_binary"` (MultiBinary(3)): 1/3 per bit equal to `one_hot(c)`; random 4, best 8.
+    A policy must read the cue through the flattened observation to beat random play."""
+
+    def __init__(self, obs: str = "nested", action: str = "multi_discrete"):
+        cue = gym.spaces.Discrete(3)
+        self.observation_space = {
+            "discrete": cue,
+            "nested": gym.spaces.Tuple(
+                (
+                    cue,
+                    gym.spaces.Dict(
+                        {
+                            "time": gym.spaces.Box(0.0, 1.0, (1,), np.float32),
+                            "parity": gym.spaces.Discrete(2),
+                        }
+                    ),
+                )
+            ),
+        }[obs]
+        self.action_space = {
+            "discrete": gym.spaces.Discrete(3),
+            "multi_discrete": gym.spaces.MultiDiscrete([3, 4]),
+            "multi_binary": gym.spaces.MultiBinary(3),
+        }[action]
+        self._obs_kind, self._action_kind = obs, action
+        self._cue, self._t = 0, 0
+
+    def _observe(self):
+        if self._obs_kind == "discrete":
+            return self._cue
+        time = np.array([self._t / 8], np.float32)
+        return (self._cue, {"time": time, "parity": self._t % 2})
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self._cue, self._t = int(self.np_random.integers(3)), 0
+        return self._observe(), {}
+
+    def step(self, action):
+        if self._action_kind == "discrete":
+            reward = float(int(action) == self._cue)
+        elif self._action_kind == "multi_discrete":
+            reward = float(action[0] == self._cue) + 0.5 * float(action[1] == (self._cue + 1) % 4)
+        else:
+            reward = float(np.mean(np.asarray(action) == np.eye(3)[self._cue]))
+        self._t += 1
+        self._cue = int(self.np_random.integers(3))
+        return self._observe(), reward, False, self._t >= 8, {}
+
+
+def cue_env(obs: str = "nested", action: str = "multi_discrete") -> gym.Env:
+    return CueEnv(obs, action)
 
 
 def cartpole(**kwargs) -> gym.Env:

@@ -76,6 +76,12 @@ def test_overrides_parse_yaml_values():
             ["checkpoint.save_replay=true"],
             r"checkpoint.save_replay = True .* \(only 'sac' keeps a replay buffer\)",
         ),
+        (["env.frame_stack=0"], r"env.frame_stack = 0 is not allowed: expected an integer >= 1"),
+        (["network.torso=resnet"], r"network.torso = 'resnet' .* 'auto', 'mlp', 'nature_cnn'"),
+        (
+            ["algorithm={name: sac}", "network.torso=nature_cnn"],
+            r"network.torso = 'nature_cnn' .* with algorithm.name = 'sac'",
+        ),
     ],
 )
 def test_bad_overrides_name_field_value_and_allowed(overrides, message):

@@ -24,8 +24,11 @@ def test_a_name_is_the_shipped_file_and_a_misspelt_one_an_error_with_the_names()
 def test_list_and_train_by_name_from_another_folder(tmp_path):
     listed = run_command(agentenv_command("list"), timeout=60, cwd=tmp_path)
     assert listed.returncode == 0, listed.stderr
-    names = [line.split()[0] for line in listed.stdout.splitlines()]
+    experiments, sweeps = listed.stdout.split("\n\nsweeps (agentenv sweep NAME):\n")
+    names = [line.split()[0] for line in experiments.splitlines()]
     assert names == sorted(p.stem for p in EXPERIMENTS.glob("*.yaml"))
+    sweep_names = [line.split()[0] for line in sweeps.splitlines()]
+    assert sweep_names == sorted(p.stem for p in EXPERIMENTS.glob("sweeps/*.yaml"))
     proc = run_command(
         [
             *agentenv_command("train", "cartpole_ppo"),
@@ -52,5 +55,8 @@ def test_the_wheel_ships_every_module_and_experiment(tmp_path):
     names = set(zipfile.ZipFile(wheel).namelist())
     package = REPO / "agentenv_jax"
     modules = {str(p.relative_to(REPO)) for p in package.rglob("*.py")}
-    experiments = {f"agentenv_jax/experiments/{p.name}" for p in EXPERIMENTS.glob("*.yaml")}
+    experiments = {
+        f"agentenv_jax/experiments/{p.relative_to(EXPERIMENTS)}"
+        for p in [*EXPERIMENTS.glob("*.yaml"), *EXPERIMENTS.glob("sweeps/*.yaml")]
+    }
     assert experiments and modules and (modules | experiments) <= names

@@ -47,8 +47,16 @@ BAD_INPUTS = {
         "env.id = 'envs_for_tests:not_an_env': the factory returned str, expected a gymnasium.Env",
     ),
     "unsupported_space": (
-        ["--set", "env.id=envs_for_tests:dict_observation_env"],
-        "which is not supported: expected a Box",
+        ["--set", "env.id=envs_for_tests:text_observation_env"],
+        "env.id = 'envs_for_tests:text_observation_env' has observation space Text(1, 8, charset=",
+    ),
+    "cnn_torso_without_images": (
+        ["--set", "network.torso=nature_cnn"],
+        "network.torso = 'nature_cnn' needs image observations",
+    ),
+    "normalized_images": (
+        ["--set", "env.id=agentenv_jax/Catch-v0", "--set", "env.normalize_obs=true"],
+        "env.normalize_obs = true is not allowed for images",
     ),
     "too_many_devices": (
         ["--set", "topology.learner_devices=64"],

@@ -77,14 +77,16 @@ class Actor:
             self._action_low = np.asarray(spaces.action_low, dtype=np.float32)
             self._action_high = np.asarray(spaces.action_high, dtype=np.float32)
 
+        # Images stay uint8 all the way to the learner's network; other observations are float32.
+        self._obs_dtype = np.dtype(spaces.obs_dtype)
         # Env j (global index) is seeded seed * 1_000_003 + j, whatever the topology.
         self._obs, _ = vector_env.reset(seed=seed * 1_000_003 + env_offset)
-        self._obs = np.asarray(self._obs, dtype=np.float32)
+        self._obs = np.asarray(self._obs, dtype=self._obs_dtype)
         self._pending_reset = np.zeros(self._num_envs, dtype=bool)  # NEXT_STEP padding rows
         self._episode_return = np.zeros(self._num_envs, dtype=np.float64)
         self._episode_length = np.zeros(self._num_envs, dtype=np.int64)
         self._discounted_return = np.zeros(self._num_envs, dtype=np.float64)
-        self._obs_stats = norm.empty_stats(spaces.obs_dim)
+        self._obs_stats = norm.empty_stats(spaces.normalizer_dim)
         self._return_stats = norm.empty_stats(1)
         self._version = -1
         self._sequence = 0
@@ -106,7 +108,9 @@ class Actor:
             # A resumed learner starts at its checkpoint's update u, which trains segment u.
             self._sequence = self._version
         self._policy.set_params(fields["params"])
-        self._obs_stats = norm.stats_from_flat(fields["obs_stats"].copy(), self._spaces.obs_dim)
+        self._obs_stats = norm.stats_from_flat(
+            fields["obs_stats"].copy(), self._spaces.normalizer_dim
+        )
         self._return_stats = norm.stats_from_flat(fields["return_stats"].copy(), 1)
 
     def _observe(self, raw_obs: np.ndarray) -> np.ndarray:
@@ -189,7 +193,7 @@ class Actor:
             next_obs, reward, terminated, truncated, info = self._env.step(env_action)
             env_s += time.perf_counter() - tock
             inference_s += tock - tick
-            next_obs = np.asarray(next_obs, dtype=np.float32)
+            next_obs = np.asarray(next_obs, dtype=self._obs_dtype)
             reward = np.asarray(reward, dtype=np.float64)
             terminated = np.asarray(terminated, dtype=bool) & valid
             truncated = np.asarray(truncated, dtype=bool) & valid & ~terminated
@@ -252,7 +256,7 @@ class Actor:
         fields["obs_stats"][:] = norm.stats_to_flat(
             norm.stats_of(np.concatenate(segment_obs))
             if segment_obs
-            else norm.empty_stats(self._spaces.obs_dim)
+            else norm.empty_stats(self._spaces.normalizer_dim)
         )
         fields["return_stats"][:] = norm.stats_to_flat(
             norm.stats_of(np.concatenate(segment_returns))
@@ -271,7 +275,7 @@ class Actor:
             return next_obs
         final = next_obs.copy()
         for i in np.flatnonzero(truncated & info.get("_final_obs", truncated)):
-            final[i] = np.asarray(info["final_obs"][i], dtype=np.float32)
+            final[i] = info["final_obs"][i]
         return final
 
     def finish(self) -> dict[str, Any]:

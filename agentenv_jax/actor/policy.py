@@ -18,7 +18,7 @@ class ActorPolicy:
     The flat float32 parameters are unravelled inside the jitted function, so swapping in a new
     version is one host-to-device copy. Sampling noise comes from a numpy generator seeded per
     rank (see `networks.distributions`), and the call returns one packed array
-    `[E, action_dim + 2]` (action, log-prob, value), so each step costs one dispatch and one
+    `[E, prod(action_shape) + 2]` (action, log-prob, value), so each step costs one dispatch and one
     device-to-host copy.
     """
 
@@ -62,11 +62,9 @@ class ActorPolicy:
     def act(self, obs: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """`obs [E, ...]` -> `(action [E, ...], log_prob [E], value [E])` as numpy arrays."""
         packed = np.asarray(self._act(self._params, obs, self._noise(obs.shape[0])))
-        action = packed[:, :-2]
-        if self._distribution.noise == "gumbel":
-            action = action[:, 0].astype(np.int32)
-        else:
-            action = action.reshape((obs.shape[0], *self._action_shape))
+        action = packed[:, :-2].reshape((obs.shape[0], *self._action_shape))
+        if self._distribution.noise == "gumbel":  # categorical: indices, exact in float32
+            action = action.astype(np.int32)
         return action, packed[:, -2], packed[:, -1]
 
     def value(self, obs: np.ndarray) -> np.ndarray:

@@ -22,7 +22,8 @@ def on_policy_segment_spec(
 ) -> MessageSpec:
     """The layout of one segment: time-major `[T, E]` transitions plus per-segment statistics.
 
-    Per transition: normalized `obs`, `action`, (scaled) `reward`, `terminated`, `truncated`,
+    Per transition: `obs` (uint8 images as they are, else float32, normalized when configured),
+    `action` (int32 for Discrete/MultiDiscrete), (scaled) `reward`, `terminated`, `truncated`,
     `valid` (0 on the auto-reset steps of NEXT_STEP vector envs), behaviour `log_prob` and `value`,
     `bootstrap_value` (V(final obs) where truncated), the `policy_version` that acted, and the
     raw `episode_return`/`episode_length` of episodes that ended there (NaN/0 elsewhere).
@@ -31,11 +32,12 @@ def on_policy_segment_spec(
     segment (to merge into the global normalizers), the actor's timers and a sequence number.
     """
     t, e = rollout_length, local_num_envs
-    action_dtype = np.int32 if spaces.action_kind == "discrete" else np.float32
-    d = spaces.obs_dim
+    action_dtype = np.float32 if spaces.action_kind == "continuous" else np.int32
+    obs_dtype = np.dtype(spaces.obs_dtype)
+    d = spaces.normalizer_dim
     return MessageSpec(
         [
-            FieldSpec("obs", (t, e, *spaces.obs_shape), np.float32),
+            FieldSpec("obs", (t, e, *spaces.obs_shape), obs_dtype),
             FieldSpec("action", (t, e, *spaces.action_shape), action_dtype),
             FieldSpec("reward", (t, e), np.float32),
             FieldSpec("log_prob", (t, e), np.float32),
@@ -48,7 +50,7 @@ def on_policy_segment_spec(
             FieldSpec("truncated", (t, e), np.uint8),
             FieldSpec("valid", (t, e), np.uint8),
             FieldSpec("last_value", (e,), np.float32),
-            FieldSpec("last_obs", (e, *spaces.obs_shape), np.float32),
+            FieldSpec("last_obs", (e, *spaces.obs_shape), obs_dtype),
             FieldSpec("obs_stats", (1 + 2 * d,), np.float64),  # count, mean [D], m2 [D]
             FieldSpec("return_stats", (3,), np.float64),  # count, mean, m2
             FieldSpec("actor_seconds", (len(ACTOR_TIMERS),), np.float64),

@@ -19,6 +19,7 @@ VectorizationMode = Literal["sync", "async", "native"]
 Activation = Literal["tanh", "relu", "gelu"]
 Schedule = Literal["constant", "linear"]
 FaultPolicy = Literal["recreate", "fail"]
+Torso = Literal["auto", "mlp", "nature_cnn", "impala_cnn"]
 
 
 def _require(condition: bool, field_path: str, value: Any, allowed: str) -> None:
@@ -40,6 +41,7 @@ class EnvConfig:
     clip_obs: float = 10.0  # clip normalized observations to [-clip_obs, clip_obs]
     clip_reward: float = 10.0  # clip scaled rewards to [-clip_reward, clip_reward]
     on_fault: FaultPolicy = "recreate"  # an env that raises: make it anew and count, or fail
+    frame_stack: int = 1  # observe the last k frames: images on the channel axis, vectors joined
 
     def validate(self, prefix: str) -> None:
         _require(bool(self.id.strip()), f"{prefix}.id", self.id, "a Gymnasium id or module:factory")
@@ -57,15 +59,19 @@ class EnvConfig:
         )
         _require(self.clip_obs > 0, f"{prefix}.clip_obs", self.clip_obs, "a number > 0")
         _require(self.clip_reward > 0, f"{prefix}.clip_reward", self.clip_reward, "a number > 0")
+        _require(
+            self.frame_stack >= 1, f"{prefix}.frame_stack", self.frame_stack, "an integer >= 1"
+        )
 
 
 @dataclass(frozen=True)
 class NetworkConfig:
-    """The actor-critic MLP: separate actor and critic torsos."""
+    """The actor-critic: separate actor and critic MLPs, or one CNN torso shared by both heads."""
 
-    actor_hidden: tuple[int, ...] = (64, 64)  # hidden layer widths of the policy network
-    critic_hidden: tuple[int, ...] = (64, 64)  # hidden layer widths of the value network
-    activation: Activation = "tanh"  # hidden-layer nonlinearity
+    torso: Torso = "auto"  # auto (nature_cnn for images, else mlp), mlp, nature_cnn, impala_cnn
+    actor_hidden: tuple[int, ...] = (64, 64)  # hidden layer widths of the policy MLP
+    critic_hidden: tuple[int, ...] = (64, 64)  # hidden layer widths of the value MLP
+    activation: Activation = "tanh"  # MLP nonlinearity (the CNN torsos use relu)
     log_std_init: float = 0.0  # initial log standard deviation of Gaussian (Box) action heads
 
     def validate(self, prefix: str) -> None:
@@ -334,6 +340,12 @@ class ExperimentConfig:
         for name in ("env", "network", "algorithm", "topology", "run", "checkpoint"):
             getattr(self, name).validate(name)
         if isinstance(self.algorithm, SACConfig):
+            _require(
+                self.network.torso in ("auto", "mlp"),
+                "network.torso",
+                self.network.torso,
+                "'auto' or 'mlp' with algorithm.name = 'sac' (its networks are MLPs)",
+            )
             for name in ("normalize_obs", "normalize_reward"):
                 _require(
                     not getattr(self.env, name),

@@ -1,5 +1,10 @@
-"""Environment construction, supported spaces and observation/reward normalization."""
+"""Environment construction, supported spaces and observation/reward normalization.
 
+Importing this package registers the built-in pixel game `agentenv_jax/Catch-v0` and
+`agentenv_jax/MinAtar-<Game>-v1` (MinAtar itself is imported only when one is made).
+"""
+
+from agentenv_jax.envs import catch, minatar
 from agentenv_jax.envs.factory import (
     EnvError,
     EnvSpaces,
@@ -8,6 +13,9 @@ from agentenv_jax.envs.factory import (
     make_vector_env,
     resolve_env_factory,
 )
+
+catch.register()
+minatar.register_minatar()
 
 __all__ = [
     "EnvError",

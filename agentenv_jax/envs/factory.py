@@ -1,14 +1,14 @@
-"""Make the Gymnasium vector env of one env rank, and describe the spaces the framework supports.
+"""Make the Gymnasium vector env of one env rank (the supported spaces are in `envs.spaces`).
 
 An env is named by a registered Gymnasium id (`CartPole-v1`) or by an entry point
 `package.module:factory` whose factory returns a `gymnasium.Env`. Each env rank builds its
 `local_num_envs` copies as one vector env: `sync` (in-process loop), `async` (subprocesses) or
-`native` (the env's own vectorized implementation, e.g. CartPole's).
+`native` (the env's own vectorized implementation, e.g. CartPole's). Every env is wrapped by
+`envs.observation_wrappers.wrap_observations` (flattening, `env.frame_stack`).
 """
 
 from __future__ import annotations
 
-import dataclasses
 import difflib
 import functools
 import importlib
@@ -16,67 +16,23 @@ from collections.abc import Callable
 from typing import Any
 
 import gymnasium as gym
-import numpy as np
 from gymnasium.vector import AutoresetMode
 
 from agentenv_jax.config.schema import EnvConfig
 from agentenv_jax.envs.faults import RecreateOnFault
-from agentenv_jax.networks.distributions import ActionKind
+from agentenv_jax.envs.observation_wrappers import needs_wrapping, wrap_observations
+from agentenv_jax.envs.spaces import EnvError, EnvSpaces, describe_spaces
 
-
-class EnvError(ValueError):
-    """An env that cannot be made or whose spaces are unsupported; the message says which."""
-
-
-@dataclasses.dataclass(frozen=True)
-class EnvSpaces:
-    """What the learner needs to know about an env, agreed on at start-up."""
-
-    obs_shape: tuple[int, ...]
-    action_kind: ActionKind
-    action_size: int  # number of discrete actions, or the action vector's length
-    action_shape: tuple[int, ...]  # shape of one action: () for discrete, (d,) for Box
-    action_low: tuple[float, ...] | None  # Box bounds, for clipping sampled actions
-    action_high: tuple[float, ...] | None
-
-    @property
-    def obs_dim(self) -> int:
-        return int(np.prod(self.obs_shape, dtype=np.int64))
-
-
-def describe_spaces(env_id: str, obs_space: gym.Space, action_space: gym.Space) -> EnvSpaces:
-    """Check that the spaces are supported and describe them; `EnvError` otherwise."""
-    if not isinstance(obs_space, gym.spaces.Box):
-        raise EnvError(
-            f"env.id = {env_id!r} has observation space {obs_space}, which is not supported: "
-            "expected a Box (flatten Dict/Tuple observations with a wrapper)"
-        )
-    if isinstance(action_space, gym.spaces.Discrete):
-        if int(action_space.start) != 0:
-            raise EnvError(
-                f"env.id = {env_id!r} has a Discrete action space starting at "
-                f"{action_space.start}: expected start 0"
-            )
-        return EnvSpaces(tuple(obs_space.shape), "discrete", int(action_space.n), (), None, None)
-    if isinstance(action_space, gym.spaces.Box) and len(action_space.shape) == 1:
-        low, high = np.asarray(action_space.low), np.asarray(action_space.high)
-        if not (np.all(np.isfinite(low)) and np.all(np.isfinite(high))):
-            raise EnvError(
-                f"env.id = {env_id!r} has an unbounded Box action space {action_space}:"
-                " expected finite bounds"
-            )
-        return EnvSpaces(
-            tuple(obs_space.shape),
-            "continuous",
-            int(action_space.shape[0]),
-            tuple(action_space.shape),
-            tuple(map(float, low)),
-            tuple(map(float, high)),
-        )
-    raise EnvError(
-        f"env.id = {env_id!r} has action space {action_space}, which is not supported: "
-        "expected Discrete or a 1-D Box"
-    )
+__all__ = [
+    "EnvError",
+    "EnvSpaces",
+    "autoreset_mode",
+    "check_first_reset",
+    "describe_spaces",
+    "env_settings",
+    "make_vector_env",
+    "resolve_env_factory",
+]
 
 
 def _registered_ids() -> list[str]:
@@ -84,7 +40,13 @@ def _registered_ids() -> list[str]:
 
 
 def resolve_env_factory(config: EnvConfig) -> Callable[[], gym.Env]:
-    """A zero-argument callable that makes one env as configured; `EnvError` if it cannot."""
+    """A zero-argument callable that makes one env as configured, its observations wrapped as
+    they travel (`wrap_observations`); `EnvError` if it cannot."""
+    make_env = _resolve_unwrapped(config)
+    return lambda: wrap_observations(make_env(), config.id, config.frame_stack)
+
+
+def _resolve_unwrapped(config: EnvConfig) -> Callable[[], gym.Env]:
     env_id, kwargs = config.id, dict(config.kwargs)
     if config.max_episode_steps is not None:
         kwargs["max_episode_steps"] = config.max_episode_steps
@@ -142,7 +104,7 @@ def make_vector_env(config: EnvConfig, local_num_envs: int) -> gym.vector.Vector
         if config.max_episode_steps is not None:
             kwargs["max_episode_steps"] = config.max_episode_steps
         try:
-            return gym.make_vec(
+            vector_env = gym.make_vec(
                 config.id,
                 num_envs=local_num_envs,
                 vectorization_mode="vector_entry_point",
@@ -153,6 +115,14 @@ def make_vector_env(config: EnvConfig, local_num_envs: int) -> gym.vector.Vector
                 f"env.id = {config.id!r}: making the native vector env failed: "
                 f"{type(err).__name__}: {err}"
             ) from err
+        if needs_wrapping(vector_env.single_observation_space, config.frame_stack):
+            vector_env.close()
+            raise EnvError(
+                f"env.vectorization = 'native' needs Box observations and env.frame_stack = 1 "
+                f"(env.id = {config.id!r} observes {vector_env.single_observation_space}, "
+                f"env.frame_stack = {config.frame_stack}); use 'sync' or 'async'"
+            )
+        return vector_env
     make_env = resolve_env_factory(config)
     if config.on_fault == "recreate":
         make_env = functools.partial(RecreateOnFault.around, make_env)

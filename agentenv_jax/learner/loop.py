@@ -176,7 +176,7 @@ class Learner:
         update, optimizer = make_on_policy_update(
             config,
             apply_fn,
-            action_distribution(spaces.action_kind),
+            action_distribution(spaces.action_kind, spaces.action_nvec),
             self.num_updates,
             row_constraint(self.mesh),
         )
@@ -190,7 +190,7 @@ class Learner:
             ),
             replicated(self.mesh),
         )
-        self._obs_stats = norm.empty_stats(spaces.obs_dim)
+        self._obs_stats = norm.empty_stats(spaces.normalizer_dim)
         self._return_stats = norm.empty_stats(1)
         self._param_message = param_spec.allocate()
         self._returns: collections.deque[float] = collections.deque(maxlen=config.run.return_window)

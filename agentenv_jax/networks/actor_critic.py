@@ -1,4 +1,5 @@
-"""The flax actor-critic MLP: separate policy and value torsos, categorical or Gaussian head.
+"""The flax actor-critic: separate policy and value MLPs, or one CNN torso shared by both heads
+(`networks.torsos`); a categorical (Discrete, MultiDiscrete) or Gaussian (Box) policy head.
 
 flax.linen is used (rather than nnx) because the framework moves parameters as plain pytrees:
 `ravel_pytree` flattens them for MPI and orbax saves them as they are.
@@ -15,6 +16,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from agentenv_jax.networks.distributions import ActionKind
+from agentenv_jax.networks.torsos import cnn_torso, image_batch, resolve_torso
 
 _ACTIVATIONS = {"tanh": nn.tanh, "relu": nn.relu, "gelu": nn.gelu}
 
@@ -41,29 +43,44 @@ class MLP(nn.Module):
 class ActorCritic(nn.Module):
     """Maps observations `[..., *obs_shape]` to `(head, value)`.
 
-    `head` is logits `[..., n]` for discrete actions, or `[..., 2, d]` (mean, log-std) for
-    continuous ones; `value` is `[...]` float32.
+    `head` is logits `[..., n]` for discrete actions (`[..., sum(nvec)]` for MultiDiscrete), or
+    `[..., 2, d]` (mean, log-std) for continuous ones; `value` is `[...]` float32. With
+    `image_obs`, observations are pixel values 0..255 (uint8 or not) and are scaled to [0, 1].
     """
 
     action_kind: ActionKind
-    action_size: int  # number of discrete actions, or the action vector's dimension
+    action_size: int  # outputs of the policy head (see `EnvSpaces.action_size`)
     actor_hidden: Sequence[int] = (64, 64)
     critic_hidden: Sequence[int] = (64, 64)
     activation: str = "tanh"
     log_std_init: float = 0.0
     obs_ndim: int = 1  # rank of one observation; leading axes beyond it are batch axes
+    torso: str = "mlp"  # "mlp" (actor_hidden/critic_hidden), or a CNN of `torsos.CNN_TORSOS`
+    image_obs: bool = False
 
-    @nn.compact
-    def __call__(self, obs: jax.Array) -> tuple[jax.Array, jax.Array]:
-        batch_shape = obs.shape[: obs.ndim - self.obs_ndim]
-        x = obs.reshape(batch_shape + (-1,)).astype(jnp.float32)
-        actor = MLP(self.actor_hidden, self.activation, name="actor_torso")(x)
-        out = _dense(self.action_size, 0.01)(actor)
+    def _policy_head(self, features: jax.Array) -> jax.Array:
+        out = _dense(self.action_size, 0.01)(features)
         if self.action_kind == "continuous":
             log_std = self.param(
                 "log_std", nn.initializers.constant(self.log_std_init), (self.action_size,)
             )
             out = jnp.stack([out, jnp.broadcast_to(log_std, out.shape)], axis=-2)
+        return out
+
+    @nn.compact
+    def __call__(self, obs: jax.Array) -> tuple[jax.Array, jax.Array]:
+        if self.torso != "mlp":
+            # One torso for both heads: the standard pixel actor-critic, and half the convs.
+            pixels, batch_shape = image_batch(obs, self.obs_ndim)
+            features = cnn_torso(self.torso)(pixels)
+            features = features.reshape(batch_shape + features.shape[-1:])
+            return self._policy_head(features), _dense(1, 1.0)(features)[..., 0]
+        batch_shape = obs.shape[: obs.ndim - self.obs_ndim]
+        x = obs.reshape(batch_shape + (-1,)).astype(jnp.float32)
+        if self.image_obs:
+            x = x / 255.0
+        actor = MLP(self.actor_hidden, self.activation, name="actor_torso")(x)
+        out = self._policy_head(actor)
         critic = MLP(self.critic_hidden, self.activation, name="critic_torso")(x)
         value = _dense(1, 1.0)(critic)[..., 0]
         return out, value
@@ -77,6 +94,9 @@ def make_actor_critic(
     critic_hidden: Sequence[int],
     activation: str,
     log_std_init: float,
+    *,
+    torso: str = "mlp",
+    image_obs: bool = False,
 ) -> tuple[ActorCritic, Callable[[Any, jax.Array], tuple[jax.Array, jax.Array]]]:
     """The module and its pure `apply_fn(params, obs) -> (head, value)`."""
     module = ActorCritic(
@@ -87,6 +107,8 @@ def make_actor_critic(
         activation,
         log_std_init,
         obs_ndim,
+        torso,
+        image_obs,
     )
 
     def apply_fn(params: Any, obs: jax.Array) -> tuple[jax.Array, jax.Array]:
@@ -117,4 +139,6 @@ def actor_critic_for(
         network.critic_hidden,
         network.activation,
         network.log_std_init,
+        torso=resolve_torso(network.torso, spaces.is_image),
+        image_obs=spaces.is_image,
     )

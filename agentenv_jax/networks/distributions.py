@@ -1,8 +1,10 @@
 """Action distributions as pure functions of the policy head's output.
 
-Discrete actions use a categorical over logits `[..., n]`; Box actions use a diagonal Gaussian
-whose head output is `[..., 2, d]` (mean, log-std). Sampled Gaussian actions are not squashed: the
-actor clips them to the action bounds only when stepping the env, so log-probabilities stay exact.
+Discrete actions use a categorical over logits `[..., n]`; MultiDiscrete actions `[..., k]` a
+product of k independent categoricals whose logits lie side by side in `[..., sum(nvec)]`
+(log-prob and entropy are sums over the k); Box actions use a diagonal Gaussian whose head output
+is `[..., 2, d]` (mean, log-std). Sampled Gaussian actions are not squashed: the actor clips them
+to the action bounds only when stepping the env, so log-probabilities stay exact.
 
 Sampling takes its noise as an argument (Gumbel noise `[..., n]` for the categorical, standard
 normal `[..., d]` for the Gaussian) rather than a PRNG key: env ranks draw it with numpy, because
@@ -12,13 +14,14 @@ XLA's threefry costs ~100 us per call on CPU at these sizes — as much as the n
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Literal, NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
-ActionKind = Literal["discrete", "continuous"]
+ActionKind = Literal["discrete", "multi_discrete", "continuous"]
 
 
 class ActionDistribution(NamedTuple):
@@ -78,6 +81,35 @@ DIAGONAL_GAUSSIAN = ActionDistribution(
 )
 
 
-def action_distribution(kind: ActionKind) -> ActionDistribution:
-    """The distribution for an action kind ("discrete" or "continuous")."""
+def multi_categorical(nvec: Sequence[int]) -> ActionDistribution:
+    """Independent categoricals with `nvec[i]` choices each: head `[..., sum(nvec)]` (the logits
+    of sub-action 0, then 1, ...), Gumbel noise of the same shape, actions `[..., k]` int32."""
+    bounds = [int(b) for b in np.cumsum(nvec)[:-1]]
+
+    def split(x: jax.Array) -> list[jax.Array]:
+        return jnp.split(x, bounds, axis=-1)
+
+    def sample(logits: jax.Array, gumbel_noise: jax.Array) -> jax.Array:
+        parts = zip(split(logits), split(gumbel_noise), strict=True)
+        return jnp.stack([_categorical_sample(lg, g) for lg, g in parts], axis=-1)
+
+    def log_prob(logits: jax.Array, action: jax.Array) -> jax.Array:
+        parts = split(logits)
+        return sum(_categorical_log_prob(lg, action[..., i]) for i, lg in enumerate(parts))
+
+    def entropy(logits: jax.Array) -> jax.Array:
+        return sum(_categorical_entropy(lg) for lg in split(logits))
+
+    def mode(logits: jax.Array) -> jax.Array:
+        return jnp.stack([_categorical_mode(lg) for lg in split(logits)], axis=-1)
+
+    return ActionDistribution(sample, log_prob, entropy, mode, "gumbel")
+
+
+def action_distribution(kind: ActionKind, nvec: Sequence[int] = ()) -> ActionDistribution:
+    """The distribution for an action kind; "multi_discrete" needs the sub-action counts."""
+    if kind == "multi_discrete":
+        if not nvec:
+            raise ValueError("action kind 'multi_discrete' needs nvec, the sub-action counts")
+        return multi_categorical(nvec)
     return {"discrete": CATEGORICAL, "continuous": DIAGONAL_GAUSSIAN}[kind]
