@@ -55,6 +55,11 @@ def _parser() -> argparse.ArgumentParser:
         "--sample", action="store_true", help="sample actions instead of taking the mode"
     )
     evaluate.add_argument("--seed", type=int, default=0, help="selects the evaluation env seeds")
+    evaluate.add_argument(
+        "--video",
+        metavar="DIR",
+        help="record each episode as an MP4 in DIR (envs that render rgb_array frames)",
+    )
     plot = commands.add_parser(
         "plot",
         help="draw learning curves (mean and band over seeds of one config) and time breakdowns",
@@ -238,7 +243,7 @@ def main(argv: list[str] | None = None) -> int:
             from agentenv_jax.evaluation import evaluate
 
             result = evaluate(
-                args.run_dir, args.episodes, args.checkpoint, not args.sample, args.seed
+                args.run_dir, args.episodes, args.checkpoint, not args.sample, args.seed, args.video
             )
             print(result.describe(), flush=True)
             return 0

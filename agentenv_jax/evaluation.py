@@ -5,22 +5,32 @@ rebuilds the policy the run trained (with its observation statistics when the ru
 observations), and plays `episodes` episodes in a single env, acting deterministically (the
 distribution's mode; SAC: `tanh` of the mean) unless asked to sample. Env seeds start at
 `EVAL_SEED_BASE`, far from the seeds training uses (`seed * 1_000_003 + env index`).
+With `video_dir`, the env renders `rgb_array` frames and Gymnasium's `RecordVideo` writes one
+MP4 per episode there (`pip install 'agentenv_jax[video]'`: moviepy, and pygame for the
+classic-control envs' rendering).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import gymnasium as gym
 import numpy as np
 
 from agentenv_jax.checkpoint.store import CheckpointError, CheckpointStore
 from agentenv_jax.config.errors import ConfigError
 from agentenv_jax.config.loading import load_config
 from agentenv_jax.config.schema import ExperimentConfig, SACConfig
-from agentenv_jax.envs.factory import EnvSpaces, describe_spaces, resolve_env_factory
+from agentenv_jax.envs.factory import (
+    EnvError,
+    EnvSpaces,
+    describe_spaces,
+    resolve_env_factory,
+)
 
 EVAL_SEED_BASE = 2**30
 
@@ -34,6 +44,7 @@ class Evaluation:
     deterministic: bool
     returns: tuple[float, ...]
     lengths: tuple[int, ...]
+    videos: tuple[Path, ...] = ()  # one MP4 per episode, with `video_dir`
 
     @property
     def mean(self) -> float:
@@ -49,6 +60,7 @@ class Evaluation:
             f"eval {self.run_dir}  checkpoint {self.checkpoint}  {len(self.returns)} episodes "
             f"({mode})  return {self.mean:.2f} ± {self.std:.2f}  "
             f"length {np.mean(self.lengths):.1f}"
+            + (f"\nvideos     {len(self.videos)} in {self.videos[0].parent}" if self.videos else "")
         )
 
 
@@ -113,15 +125,53 @@ def _act_fn(
     return jax.jit(act)
 
 
+def evaluation_env(config: ExperimentConfig, video_dir: Path | None, prefix: str) -> gym.Env:
+    """One env as the run made them; with `video_dir`, rendering `rgb_array` frames into one
+    MP4 per episode named `PREFIX-episode-N.mp4`. `EnvError` / `ConfigError` say why not."""
+    if video_dir is None:
+        return resolve_env_factory(config.env)()
+    env_id = config.env.id
+    # rgb_array frames need no window: keep SDL (pygame's renderer) from looking for a display.
+    os.environ.setdefault("SDL_VIDEODRIVER", "dummy")
+    os.environ.setdefault("SDL_AUDIODRIVER", "dummy")
+    rendering = dataclasses.replace(
+        config.env, kwargs={**config.env.kwargs, "render_mode": "rgb_array"}
+    )
+    try:
+        env = resolve_env_factory(rendering)()
+    except (TypeError, gym.error.Error) as err:
+        raise EnvError(
+            f"--video: env.id = {env_id!r} cannot be made with render_mode='rgb_array' ({err})"
+        ) from None
+    if env.render_mode != "rgb_array":
+        modes = env.metadata.get("render_modes", [])
+        env.close()
+        raise EnvError(
+            f"--video: env.id = {env_id!r} does not render rgb_array frames (its render "
+            f"modes: {modes}); evaluate without --video"
+        )
+    from gymnasium.wrappers import RecordVideo
+
+    try:
+        return RecordVideo(
+            env, str(video_dir), lambda _: True, name_prefix=prefix, disable_logger=True
+        )
+    except gym.error.DependencyNotInstalled as err:
+        env.close()
+        raise ConfigError(f"--video: {err}; pip install 'agentenv_jax[video]'") from None
+
+
 def evaluate(
     run_dir: str | Path,
     episodes: int = 10,
     checkpoint: int | None = None,
     deterministic: bool = True,
     seed: int = 0,
+    video_dir: str | Path | None = None,
 ) -> Evaluation:
     """Play `episodes` episodes with the policy of `run_dir`'s checkpoint `checkpoint` (the
-    newest when None) on env seeds `EVAL_SEED_BASE + seed * episodes + i`."""
+    newest when None) on env seeds `EVAL_SEED_BASE + seed * episodes + i`; with `video_dir`,
+    record each as `eval-update<K>-episode-<i>.mp4` there."""
     if episodes < 1:
         raise ConfigError(f"episodes = {episodes!r} is not allowed: expected an integer >= 1")
     run_dir = Path(run_dir)
@@ -140,7 +190,8 @@ def evaluate(
     finally:
         store.close()
 
-    env = resolve_env_factory(config.env)()
+    prefix = f"eval-update{step}"
+    env = evaluation_env(config, None if video_dir is None else Path(video_dir), prefix)
     try:
         spaces = describe_spaces(config.env.id, env.observation_space, env.action_space)
         observe = _observe_fn(config, meta, spaces)
@@ -167,6 +218,13 @@ def evaluate(
                 done = terminated or truncated
             returns.append(total)
             lengths.append(steps)
+    except gym.error.DependencyNotInstalled as err:  # the env's renderer (pygame, ...)
+        raise ConfigError(f"--video: {err}; pip install 'agentenv_jax[video]'") from None
     finally:
-        env.close()
-    return Evaluation(run_dir, int(step), deterministic, tuple(returns), tuple(lengths))
+        env.close()  # RecordVideo writes the last episode's file here
+    videos = (
+        ()
+        if video_dir is None
+        else tuple(Path(video_dir) / f"{prefix}-episode-{i}.mp4" for i in range(episodes))
+    )
+    return Evaluation(run_dir, int(step), deterministic, tuple(returns), tuple(lengths), videos)

@@ -21,9 +21,10 @@ CATCH_ID = "agentenv_jax/Catch-v0"
 class Catch(gym.Env):
     """One ball per episode on a `rows x columns` grid (see the module docstring)."""
 
-    metadata = {"render_modes": []}
+    metadata = {"render_modes": ["rgb_array"], "render_fps": 8}
+    _PIXELS_PER_CELL = 16  # rgb_array frames, for videos
 
-    def __init__(self, rows: int = 10, columns: int = 5):
+    def __init__(self, rows: int = 10, columns: int = 5, render_mode: str | None = None):
         if rows < 2 or columns < 1:
             raise ValueError(f"Catch needs rows >= 2 and columns >= 1, got {rows}x{columns}")
         self._rows, self._columns = rows, columns
@@ -31,6 +32,7 @@ class Catch(gym.Env):
         self.action_space = gym.spaces.Discrete(3)
         self._ball = np.zeros(2, np.int64)  # row, column
         self._paddle = columns // 2
+        self.render_mode = render_mode
 
     def _frame(self) -> np.ndarray:
         frame = np.zeros((self._rows, self._columns, 1), np.uint8)
@@ -54,6 +56,14 @@ class Catch(gym.Env):
         if landed:
             reward = 1.0 if self._ball[1] == self._paddle else -1.0
         return self._frame(), reward, bool(landed), False, {}
+
+    def render(self) -> np.ndarray | None:
+        """The frame as an RGB image, each cell a block of pixels (`render_mode="rgb_array"`)."""
+        if self.render_mode != "rgb_array":
+            return None
+        cells = np.repeat(self._frame(), 3, axis=2)
+        scale = self._PIXELS_PER_CELL
+        return np.repeat(np.repeat(cells, scale, axis=0), scale, axis=1)
 
 
 def register() -> None:
