@@ -165,11 +165,14 @@ def _start_compile_clock(config: ExperimentConfig) -> CompileTotals:
 def _summarize(
     run_dir: Path,
     learner,
-    wall_s: float,
+    started: float,
     topology: Topology,
     compile_start: CompileTotals,
     interrupted: bool = False,
 ) -> TrainResult:
+    """summary.json and the closing summary of a session that began at `started`
+    (`time.perf_counter()`)."""
+    wall_s = time.perf_counter() - started
     accounting = learner.accounting.as_dict()
     compiled = compile_totals().since(compile_start)
     summary = {
@@ -325,14 +328,7 @@ def run_single_process(config: ExperimentConfig, resume: bool = False) -> TrainR
             learner.finish()
         finally:
             session.close()  # the final checkpoint, with the run's accounting when complete
-        return _summarize(
-            run_dir,
-            learner,
-            time.perf_counter() - started,
-            topology,
-            compile_start,
-            session.interrupted,
-        )
+        return _summarize(run_dir, learner, started, topology, compile_start, session.interrupted)
     finally:
         writer.close()
         if session is not None:
@@ -430,12 +426,7 @@ def run_mpi(config: ExperimentConfig, resume: bool = False) -> TrainResult:
             finally:
                 session.close()  # the final checkpoint, with the run's accounting when complete
             return _summarize(
-                run_dir,
-                learner,
-                time.perf_counter() - started,
-                topology,
-                compile_start,
-                session.interrupted,
+                run_dir, learner, started, topology, compile_start, session.interrupted
             )
         finally:
             writer.close()
