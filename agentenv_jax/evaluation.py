@@ -31,6 +31,7 @@ from agentenv_jax.envs.factory import (
     describe_spaces,
     resolve_env_factory,
 )
+from agentenv_jax.metrics.compilation import use_persistent_cache
 
 EVAL_SEED_BASE = 2**30
 
@@ -178,6 +179,7 @@ def evaluate(
     if not (run_dir / "config.yaml").is_file():
         raise CheckpointError(f"{run_dir} is not a run directory (it has no config.yaml)")
     config = load_config(run_dir / "config.yaml")
+    use_persistent_cache(config.run.compilation_cache, config.run.compilation_cache_dir)
     store = CheckpointStore(run_dir, config.checkpoint.keep)
     try:
         kept = store.steps()

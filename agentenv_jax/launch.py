@@ -158,7 +158,7 @@ def _learner_outputs(config: ExperimentConfig):
 def _start_compile_clock(config: ExperimentConfig) -> CompileTotals:
     """Before anything compiles: open the run's persistent compilation cache, if it has one,
     and note this process's compilation so far."""
-    use_persistent_cache(config.run.compilation_cache_dir)
+    use_persistent_cache(config.run.compilation_cache, config.run.compilation_cache_dir)
     return compile_totals()
 
 

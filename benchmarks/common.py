@@ -18,11 +18,17 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from agentenv_jax.metrics.compilation import CACHE_DIR_VARIABLE
 from agentenv_jax.mpi_job import environment_without_launcher, find_mpiexec
 
-# The mpiexec beside this Python (the mpich wheel's), and this environment without an outer
-# launcher's variables: as the package finds and cleans them for its own jobs.
-clean_env = environment_without_launcher
+
+def clean_env() -> dict[str, str]:
+    """This environment without an outer launcher's variables (as the package cleans it for its
+    own jobs), and an empty JAX compilation cache of the job's own: every measured run starts
+    cold, as the runs in docs/benchmarks.md did before the cache was on by default."""
+    env = environment_without_launcher()
+    env[CACHE_DIR_VARIABLE] = tempfile.mkdtemp(prefix="agentenv-bench-cache-")
+    return env
 
 
 def results_in(stdout: str, result_prefix: str) -> list[dict[str, Any]]:

@@ -6,15 +6,22 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
 import pytest
 
+from agentenv_jax.metrics.compilation import CACHE_DIR_VARIABLE
 from agentenv_jax.mpi_job import environment_without_launcher, find_mpiexec
 
 REPO = Path(__file__).resolve().parent.parent
 EXPERIMENTS = REPO / "experiments"
+
+# One JAX compilation cache for the whole test session (this process and every job it starts),
+# not the user's: tests that compile the same programs share them, and nothing is left behind
+# in ~/.cache.
+os.environ.setdefault(CACHE_DIR_VARIABLE, tempfile.mkdtemp(prefix="agentenv-test-cache-"))
 
 
 def mpiexec_path() -> str:

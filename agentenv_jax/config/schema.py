@@ -266,8 +266,9 @@ class RunConfig:
     progress_interval_s: float = 5.0  # seconds between progress lines when not on a terminal
     transport_timeout_s: float = 120.0  # learner gives up on a silent env rank (env ranks: 2x)
     tensorboard: bool = False  # also write TensorBoard events to RUN_DIR/tensorboard
-    # Runs that compile the same programs (a sweep's trials of one config) share this cache.
-    compilation_cache_dir: str | None = None  # JAX persistent compilation cache (None: off)
+    # Runs (and every rank of a run) that compile the same programs fetch them from the cache.
+    compilation_cache: bool = True  # keep compiled XLA programs in JAX's persistent cache
+    compilation_cache_dir: str | None = None  # its folder (None: $AGENTENV_CACHE_DIR, ~/.cache)
 
     def validate(self, prefix: str) -> None:
         _require(

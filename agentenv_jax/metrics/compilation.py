@@ -2,19 +2,23 @@
 
 JAX reports each compilation (or fetch from the persistent cache) as a monitoring event; a
 listener registered once per process adds them up, so a run can record how long it compiled
-and how many programs came from the cache. A sweep points its trials at one cache folder, so
-the second trial of a config fetches its programs instead of compiling them again.
+and how many programs came from the cache. The cache is on by default, in a user cache folder
+that every rank and every run shares: a run compiled once starts warm the next time, and a
+sweep's later seeds of a config fetch the programs its first seed compiled.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import os
 import threading
 from pathlib import Path
 
 # Wraps `compile_or_get_cached`: a persistent-cache hit is timed too (the fetch, short).
 _COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"
 _CACHE_HIT_EVENT = "/jax/compilation_cache/cache_hits"
+# Where every run's cache goes unless `run.compilation_cache_dir` says otherwise.
+CACHE_DIR_VARIABLE = "AGENTENV_CACHE_DIR"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -67,16 +71,40 @@ def compile_totals() -> CompileTotals:
         return _totals
 
 
-def use_persistent_cache(directory: str | None) -> None:
-    """Cache every compiled program in `directory` (made if missing); None leaves JAX's own
-    setting. JAX opens the cache at the first compilation, so call this before any."""
-    if directory is None:
-        return
-    import jax
+def cache_folder(directory: str | None) -> Path:
+    """The persistent cache's folder: `directory`, else `$AGENTENV_CACHE_DIR`, else
+    `$XDG_CACHE_HOME/agentenv_jax/jax` (`~/.cache/agentenv_jax/jax`)."""
+    if directory is not None:
+        return Path(directory).expanduser()
+    if os.environ.get(CACHE_DIR_VARIABLE):
+        return Path(os.environ[CACHE_DIR_VARIABLE]).expanduser()
+    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(base) / "agentenv_jax" / "jax"
 
-    Path(directory).mkdir(parents=True, exist_ok=True)
-    jax.config.update("jax_compilation_cache_dir", str(directory))
-    # Cache everything: an RL step's programs are small, and each one saved is a compile
-    # the next trial skips.
-    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
-    jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+
+def use_persistent_cache(enabled: bool, directory: str | None) -> Path | None:
+    """Turn JAX's persistent compilation cache on in `cache_folder(directory)` (made if
+    missing), or off; returns the folder in use. JAX opens the cache at the first compilation
+    and keeps it, so a change (a second run in a notebook) resets it."""
+    import jax
+    from jax.experimental.compilation_cache import compilation_cache
+
+    folder = cache_folder(directory) if enabled else None
+    current = (
+        jax.config.jax_compilation_cache_dir if jax.config.jax_enable_compilation_cache else None
+    )
+    if folder is not None:
+        folder.mkdir(parents=True, exist_ok=True)
+    if current == (None if folder is None else str(folder)):
+        return folder
+    if folder is None:
+        jax.config.update("jax_enable_compilation_cache", False)
+    else:
+        jax.config.update("jax_enable_compilation_cache", True)
+        jax.config.update("jax_compilation_cache_dir", str(folder))
+        # Cache everything: an RL step's programs are small, and each one saved is a compile
+        # the next run skips.
+        jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+        jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+    compilation_cache.reset_cache()
+    return folder
