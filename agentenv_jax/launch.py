@@ -188,6 +188,8 @@ def _summarize(
         "wall_s": wall_s,
         # This session's rate: a resumed run's earlier steps took place in other processes.
         "steps_per_s": learner.session_env_steps / max(wall_s, 1e-9),
+        # The same once the first update (start-up, compiling) is over: the steady rate.
+        "steps_per_s_after_first_update": learner.steady_rate.steps_per_s,
         "accounting": accounting,
         "env_faults": learner.env_faults,
         # This process's XLA compilation in this session (the learner's; in one process, the
@@ -213,6 +215,10 @@ def _summarize(
     )
 
 
+def _rate(steps_per_s: float | None) -> str:
+    return "--" if steps_per_s is None else f"{steps_per_s:,.0f}"
+
+
 def format_summary(summary: dict[str, Any]) -> str:
     acc = summary["accounting"]
     ok = "reconciles" if acc["reconciles"] else "DOES NOT RECONCILE"
@@ -228,7 +234,8 @@ def format_summary(summary: dict[str, Any]) -> str:
         f" updates    {summary['updates']}   env steps {summary['env_steps']:,}   "
         f"episodes {summary['episodes']:,}",
         f" return     {summary['episode_return_mean']:.2f} (mean of the last episodes)",
-        f" time       {summary['wall_s']:.1f} s   {summary['steps_per_s']:,.0f} env steps/s   "
+        f" time       {summary['wall_s']:.1f} s   {summary['steps_per_s']:,.0f} env steps/s "
+        f"({_rate(summary.get('steps_per_s_after_first_update'))} after the first update)   "
         f"compiling {summary.get('compile_s', 0.0):.1f} s",
     ]
     if summary.get("env_faults"):

@@ -49,6 +49,8 @@ def test_readme_sample_output_has_the_programs_format():
         "episode_return_mean": 500.0,
         "wall_s": 7.4,
         "steps_per_s": 13_446.0,
+        "steps_per_s_after_first_update": 27_000.0,
+        "compile_s": 1.9,
         "accounting": {
             "produced": 100_096,
             "sent": 100_096,

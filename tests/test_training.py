@@ -78,6 +78,10 @@ def test_one_process_cartpole_reaches_threshold(run_dir):
         "time/actor_transport_wait_s",
     ):
         assert timings[-1][key] is not None and timings[-1][key] >= 0, key
+    assert timings[0]["steps_per_s_after_first_update"] is None  # no rate from one update
+    summary = json.loads((result.run_dir / "summary.json").read_text())
+    steady = summary["steps_per_s_after_first_update"]
+    assert steady == timings[-1]["steps_per_s_after_first_update"] > 0
     assert last["policy_lag_max"] == 0  # synchronous PPO
     assert [r["env_steps"] for r in records] == sorted(r["env_steps"] for r in records)
     assert load_config(result.run_dir / "config.yaml") == config

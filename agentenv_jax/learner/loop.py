@@ -31,7 +31,7 @@ from agentenv_jax.envs import normalization as norm
 from agentenv_jax.envs.factory import EnvSpaces
 from agentenv_jax.learner.guards import check_finite
 from agentenv_jax.metrics.accounting import Accounting, reconcile
-from agentenv_jax.metrics.logger import MetricsWriter, ProgressLine
+from agentenv_jax.metrics.logger import MetricsWriter, ProgressLine, SteadyRate
 from agentenv_jax.networks import (
     ActionDistribution,
     action_distribution,
@@ -206,6 +206,7 @@ class Learner:
         self.accounting: Accounting | None = None
         self._start_time = time.perf_counter()
         self.last_record: dict[str, Any] = {}
+        self.steady_rate = SteadyRate()  # steps/s once the first update has compiled
 
     @property
     def env_faults(self) -> int:
@@ -326,6 +327,7 @@ class Learner:
             "episodes": self.episodes,
             "wall_s": elapsed,
             "steps_per_s": self.session_env_steps / max(elapsed, 1e-9),
+            "steps_per_s_after_first_update": self.steady_rate.update(self.session_env_steps),
             "episode_return_mean": self.episode_return_mean,
             "episode_length_mean": float(np.mean(self._lengths)) if self._lengths else math.nan,
             "policy_lag_mean": float(lag.mean()) if lag.size else 0.0,

@@ -26,7 +26,7 @@ from agentenv_jax.learner.guards import check_finite
 from agentenv_jax.learner.rate_limit import insert_allowance, may_sample
 from agentenv_jax.learner.sac_training import make_sac_training
 from agentenv_jax.metrics.accounting import ReplayAccounting
-from agentenv_jax.metrics.logger import MetricsWriter, ProgressLine
+from agentenv_jax.metrics.logger import MetricsWriter, ProgressLine, SteadyRate
 from agentenv_jax.parallel.mesh import make_mesh, replicated
 from agentenv_jax.transport.messages import REPLAY_COUNTERS
 from agentenv_jax.transport.spec import MessageSpec
@@ -104,6 +104,7 @@ class ReplayLearner:
         self.accounting: ReplayAccounting | None = None
         self.last_record: dict[str, Any] = {}
         self._start_time = time.perf_counter()
+        self.steady_rate = SteadyRate()  # steps/s once the first update has compiled
         self._wait_s = 0.0
         self._update_s = 0.0
 
@@ -307,6 +308,7 @@ class ReplayLearner:
             "episodes": self.episodes,
             "wall_s": elapsed,
             "steps_per_s": self.session_env_steps / max(elapsed, 1e-9),
+            "steps_per_s_after_first_update": self.steady_rate.update(self.session_env_steps),
             "episode_return_mean": self.episode_return_mean,
             "episode_length_mean": float(np.mean(self._lengths)) if self._lengths else math.nan,
             "policy_lag_mean": 0.0,

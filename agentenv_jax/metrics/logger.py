@@ -23,7 +23,11 @@ def _jsonable(value: Any) -> Any:
 
 def is_timing(key: str) -> bool:
     """Wall-clock quantities: they differ between otherwise identical runs."""
-    return key.startswith("time/") or key in ("wall_s", "steps_per_s")
+    return key.startswith("time/") or key in (
+        "wall_s",
+        "steps_per_s",
+        "steps_per_s_after_first_update",
+    )
 
 
 def require_tensorboard_writer() -> None:
@@ -93,6 +97,24 @@ def format_duration(seconds: float) -> str:
     hours, rest = divmod(total, 3600)
     minutes, secs = divmod(rest, 60)
     return f"{hours}:{minutes:02d}:{secs:02d}" if hours else f"{minutes}:{secs:02d}"
+
+
+class SteadyRate:
+    """Env steps per second since the end of a session's first update: the rate once start-up
+    and the first compilations are paid for (None until a later update)."""
+
+    def __init__(self, clock: Callable[[], float] = time.perf_counter) -> None:
+        self._clock = clock
+        self._first: tuple[float, int] | None = None  # (time, session env steps)
+        self.steps_per_s: float | None = None
+
+    def update(self, session_env_steps: int) -> float | None:
+        now = self._clock()
+        if self._first is None:
+            self._first = (now, session_env_steps)
+        elif now > self._first[0]:
+            self.steps_per_s = (session_env_steps - self._first[1]) / (now - self._first[0])
+        return self.steps_per_s
 
 
 class ProgressLine:
