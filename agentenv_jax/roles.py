@@ -101,22 +101,60 @@ def learner_devices(config: ExperimentConfig) -> int:
     )
 
 
+def uses_numpy_inference(config: ExperimentConfig, spaces: EnvSpaces, layout: Any) -> bool:
+    """Whether env ranks run the policy in numpy (`topology.env_rank_inference`): asked for, or
+    `auto` with an MLP torso small enough that numpy beats a jitted call. `EnvError` for numpy
+    with a CNN torso."""
+    import numpy as np
+
+    from agentenv_jax.envs.factory import EnvError
+    from agentenv_jax.networks.numpy_policy import NUMPY_MAX_MACS_PER_ROW, mlp_macs_per_row
+    from agentenv_jax.networks.torsos import resolve_torso
+
+    choice = config.topology.env_rank_inference
+    mlp = resolve_torso(config.network.torso, spaces.is_image) == "mlp"
+    if choice == "numpy" and not mlp:
+        raise EnvError(
+            "topology.env_rank_inference = 'numpy' is not allowed with a CNN torso "
+            f"(network.torso = {config.network.torso!r}): expected 'jit' or 'auto'"
+        )
+    if choice != "auto":
+        return choice == "numpy"
+    if not mlp:
+        return False
+    params = layout.unravel(np.zeros(layout.num_params, np.float32))
+    return mlp_macs_per_row(params) <= NUMPY_MAX_MACS_PER_ROW
+
+
 def build_actor_policy(config, topology, spaces, network=None):
-    """The jitted actor-critic policy an env rank acts with; `network` is
-    `actor_critic_network(config, spaces)` when the caller already has it (tracing the
-    parameter layout costs tens of ms)."""
-    from agentenv_jax.actor.policy import ActorPolicy
+    """The actor-critic policy an env rank acts with (jitted, or numpy for small MLPs);
+    `network` is `actor_critic_network(config, spaces)` when the caller already has it
+    (tracing the parameter layout costs tens of ms)."""
+    from agentenv_jax.actor.policy import ActorPolicy, NumpyActorPolicy
     from agentenv_jax.networks import action_distribution
 
     _, apply_fn, layout = network or actor_critic_network(config, spaces)
     # Sampling noise is seeded by (seed, global env offset): independent across env ranks.
+    seed_sequence = [config.run.seed, topology.env_offsets[topology.env_rank_index]]
+    if uses_numpy_inference(config, spaces, layout):
+        return NumpyActorPolicy(
+            layout.unravel,
+            spaces.action_kind,
+            tuple(spaces.action_nvec),
+            spaces.action_size,
+            spaces.action_shape,
+            seed_sequence,
+            len(spaces.obs_shape),
+            config.network.activation,
+            spaces.is_image,
+        )
     return ActorPolicy(
         apply_fn,
         layout.unravel,
         action_distribution(spaces.action_kind, spaces.action_nvec),
         spaces.action_size,
         spaces.action_shape,
-        [config.run.seed, topology.env_offsets[topology.env_rank_index]],
+        seed_sequence,
     )
 
 

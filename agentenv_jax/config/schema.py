@@ -19,6 +19,7 @@ VectorizationMode = Literal["sync", "async", "native"]
 Activation = Literal["tanh", "relu", "gelu"]
 Schedule = Literal["constant", "linear"]
 FaultPolicy = Literal["recreate", "fail"]
+EnvRankInference = Literal["auto", "jit", "numpy"]
 Torso = Literal["auto", "mlp", "nature_cnn", "impala_cnn"]
 
 
@@ -230,6 +231,9 @@ class TopologyConfig:
     learner_devices: int = 0  # local JAX devices in the learner mesh (0: all local devices)
     max_inflight_segments: int = 2  # credits: segments an env rank may have in flight
     single_threaded_env_ranks: bool = True  # run XLA single-threaded on env ranks (small calls)
+    # Where the policy runs on env ranks: jit (XLA), numpy (MLP torsos only; a small network's
+    # forward pass costs less than a jitted call's dispatch), or auto (numpy for small MLPs).
+    env_rank_inference: EnvRankInference = "auto"  # auto, jit or numpy
 
     def validate(self, prefix: str) -> None:
         _require(
