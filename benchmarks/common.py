@@ -41,12 +41,20 @@ def results_in(stdout: str, result_prefix: str) -> list[dict[str, Any]]:
 
 
 def run_worker(
-    script: str, worker_args: list[str], result_prefix: str, label: str, timeout: float
+    script: str,
+    worker_args: list[str],
+    result_prefix: str,
+    label: str,
+    timeout: float,
+    extra_env: dict[str, str] | None = None,
 ) -> dict[str, Any]:
-    """Run `python script --worker ...` in a fresh interpreter (so every run pays its own
-    imports and compiles) and return the JSON it prints after `result_prefix`."""
+    """Run `python script --worker ... --launched-at T` in a fresh interpreter (so every run
+    pays its own imports and compiles; T is the wall-clock time just before the launch, the
+    point every side is clocked from) and return the JSON it prints after `result_prefix`."""
+    env = clean_env() | (extra_env or {})
     command = [sys.executable, str(Path(script).resolve()), "--worker", *worker_args]
-    done = subprocess.run(command, capture_output=True, text=True, env=clean_env(), timeout=timeout)
+    command += ["--launched-at", repr(time.time())]
+    done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=timeout)
     if done.returncode != 0:
         raise SystemExit(f"{label} failed (exit {done.returncode}):\n{done.stderr}")
     results = results_in(done.stdout, result_prefix)

@@ -7,17 +7,21 @@ over the same budget, no entropy bonus, separate 64x64 tanh actor and critic, gr
 check the criterion once per update (after it, on every side).
 
 Every training run is a fresh subprocess, so each side pays its own start-up, and the sides take
-turns within each seed (the order rotates from seed to seed). What each clock covers:
+turns within each seed (the order rotates from seed to seed). Every side is clocked from the
+same point, the moment before its process is launched, to the end of its training call, and
+the breakdown is printed beside it:
 
-* agentenv, one process: the `agentenv_jax.launch.train(config)` call: importing jax (launch
-  imports it lazily, inside), env and network construction, every jit compile (part of
-  time-to-solve), training, the final checkpoint and summary.
-* agentenv, `mpiexec -n 3 agentenv train` (1 learner + 2 env ranks, 4 envs each): the learner's
-  `wall_s` from `summary.json` (from the end of the ranks' start-up agreement, compiles
-  included); the job's launch-to-exit time, with three interpreters importing JAX on the same
-  cores, is shown beside it.
-* stable-baselines3: `model.learn()` (torch needs no compile); building `PPO(...)` and its
-  envs is shown beside it.
+* agentenv, one process, cold: interpreter start and imports, then the `launch.train(config)`
+  call (env and network construction, every XLA compile, training, the final checkpoint and
+  summary), with an empty JAX compilation cache of its own: compile time is part of the time.
+* agentenv, one process, warm: the same, with the compilation cache filled by an earlier
+  (untimed) run of the same config, as a user's second run finds it (the cache is on by
+  default).
+* agentenv, `mpiexec -n 3 agentenv train` (1 learner + 2 env ranks, 4 envs each), cold: the
+  job's launch to its exit (three interpreters importing JAX on the same cores), with the
+  learner's `wall_s` from `summary.json` beside it.
+* stable-baselines3: interpreter start and imports (torch), building `PPO(...)` and its envs,
+  and `model.learn()` (torch needs no compile).
 
 Threads: agentenv_jax runs with its defaults (XLA's CPU pool on the learner, one XLA thread on
 MPI env ranks). torch is pinned to ONE intra-op thread by default (`--torch-threads 0` keeps
@@ -41,8 +45,10 @@ import collections
 import json
 import math
 import os
+import shutil
 import statistics
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -57,6 +63,8 @@ from common import (
     time_to_solve,
 )
 
+from agentenv_jax.metrics.compilation import CACHE_DIR_VARIABLE
+
 REPO = Path(__file__).resolve().parent.parent
 DEFAULT_CONFIG = REPO / "experiments" / "cartpole_ppo.yaml"
 TARGET_RETURN = 475.0
@@ -64,7 +72,7 @@ RETURN_WINDOW = 20
 TIME_GOAL = 0.5
 STEPS_GOAL = 1.0
 RESULT_PREFIX = "TIME_TO_SOLVE_RESULT "
-SIDES = ("agentenv", "agentenv-mpi", "sb3")
+SIDES = ("agentenv", "agentenv-warm", "agentenv-mpi", "sb3")
 
 
 def agentenv_overrides(args: argparse.Namespace, seed: int, run_dir: Path, name: str) -> list[str]:
@@ -80,22 +88,24 @@ def agentenv_overrides(args: argparse.Namespace, seed: int, run_dir: Path, name:
 
 
 def agentenv_worker(args: argparse.Namespace) -> dict[str, Any]:
-    """One single-process agentenv_jax run in this (fresh) interpreter."""
-    started = time.perf_counter()
+    """One single-process agentenv_jax run in this (fresh) interpreter, clocked from its
+    launch (`--launched-at`)."""
     from agentenv_jax.config.loading import load_config
     from agentenv_jax.launch import train
 
-    import_s = time.perf_counter() - started
+    imported = time.time()
     config = load_config(
         args.config, agentenv_overrides(args, args.seed, args.run_dir, f"seed{args.seed}")
     )
-    started = time.perf_counter()
     result = train(config)
-    wall_s = time.perf_counter() - started
+    ended = time.time()
     summary = json.loads((result.run_dir / "summary.json").read_text())
     return {
-        "wall_s": wall_s,
-        "import_s": import_s,
+        "wall_s": ended - args.launched_at,
+        "start_s": imported - args.launched_at,  # interpreter start and imports
+        "train_call_s": ended - imported,
+        "compile_s": summary["compile_s"],
+        "compile_cache_hits": summary["compile_cache_hits"],
         "summary_wall_s": summary["wall_s"],
         "env_steps": result.env_steps,
         "updates": result.updates,
@@ -105,8 +115,8 @@ def agentenv_worker(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def sb3_worker(args: argparse.Namespace) -> dict[str, Any]:
-    """One stable-baselines3 PPO run with the same hyperparameters, in this interpreter."""
-    started = time.perf_counter()
+    """One stable-baselines3 PPO run with the same hyperparameters, in this interpreter,
+    clocked from its launch (`--launched-at`)."""
     try:
         import torch
         from stable_baselines3 import PPO
@@ -117,7 +127,7 @@ def sb3_worker(args: argparse.Namespace) -> dict[str, Any]:
             f"stable-baselines3 side needs torch and stable-baselines3 ({err}); install them "
             "with: pip install -e '.[bench]'  (or run with --sides agentenv agentenv-mpi)"
         ) from None
-    import_s = time.perf_counter() - started
+    imported = time.time()
     if args.torch_threads:
         torch.set_num_threads(args.torch_threads)
 
@@ -143,7 +153,6 @@ def sb3_worker(args: argparse.Namespace) -> dict[str, Any]:
     def linear(initial: float):
         return lambda progress_remaining: progress_remaining * initial
 
-    started = time.perf_counter()
     env = make_vec_env("CartPole-v1", n_envs=8, seed=args.seed)
     model = PPO(
         "MlpPolicy",
@@ -166,17 +175,17 @@ def sb3_worker(args: argparse.Namespace) -> dict[str, Any]:
         seed=args.seed,
         verbose=0,
     )
-    setup_s = time.perf_counter() - started
+    built = time.time()
     callback = StopAtReturn()
-    started = time.perf_counter()
     model.learn(total_timesteps=args.max_steps, callback=callback)
-    wall_s = time.perf_counter() - started
+    ended = time.time()
     env.close()
     mean_return = statistics.fmean(callback.returns) if callback.returns else math.nan
     return {
-        "wall_s": wall_s,
-        "import_s": import_s,
-        "setup_s": setup_s,
+        "wall_s": ended - args.launched_at,
+        "start_s": imported - args.launched_at,  # interpreter start and imports
+        "setup_s": built - imported,
+        "learn_s": ended - built,
         "env_steps": int(model.num_timesteps),
         "return": mean_return,
         "solved": callback.solved,
@@ -186,26 +195,39 @@ def sb3_worker(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _run_worker(args: argparse.Namespace, side: str, seed: int, run_dir: Path) -> dict[str, Any]:
-    worker_args = [side, "--seed", str(seed), "--config", str(args.config)]
-    worker_args += ["--max-steps", str(args.max_steps), "--run-dir", str(run_dir)]
+    worker = "sb3" if side == "sb3" else "agentenv"
+    runs = run_dir / "warm" if side == "agentenv-warm" else run_dir
+    worker_args = [worker, "--seed", str(seed), "--config", str(args.config)]
+    worker_args += ["--max-steps", str(args.max_steps), "--run-dir", str(runs)]
     worker_args += ["--torch-threads", str(args.torch_threads)]
-    return run_worker(__file__, worker_args, RESULT_PREFIX, f"{side} seed {seed}", args.timeout)
+    # The warm side shares one cache, filled before the first seed (`_fill_warm_cache`).
+    cache = {CACHE_DIR_VARIABLE: str(run_dir / "warm-cache")} if side == "agentenv-warm" else None
+    return run_worker(
+        __file__, worker_args, RESULT_PREFIX, f"{side} seed {seed}", args.timeout, cache
+    )
+
+
+def _fill_warm_cache(args: argparse.Namespace, run_dir: Path) -> None:
+    """One untimed run of the config into the warm side's cache."""
+    _run_worker(args, "agentenv-warm", 1000, run_dir)
 
 
 def _run_mpi(args: argparse.Namespace, seed: int, run_dir: Path) -> dict[str, Any]:
     name = f"mpi-seed{seed}"
-    job_s = run_agentenv_mpi(
+    launched = time.time()
+    run_agentenv_mpi(
         args.mpi_ranks,
         args.config,
         agentenv_overrides(args, seed, run_dir, name),
         f"mpiexec seed {seed}",
         args.timeout,
     )
+    job_s = time.time() - launched
     summary = json.loads((run_dir / name / "summary.json").read_text())
     mean_return = summary["episode_return_mean"]
     return {
-        "wall_s": summary["wall_s"],
-        "job_s": job_s,
+        "wall_s": job_s,
+        "learner_wall_s": summary["wall_s"],
         "env_steps": summary["env_steps"],
         "updates": summary["updates"],
         "return": mean_return,
@@ -215,14 +237,30 @@ def _run_mpi(args: argparse.Namespace, seed: int, run_dir: Path) -> dict[str, An
     }
 
 
+def _breakdown(side: str, run: dict[str, Any]) -> str:
+    """Where a run's seconds went, as one cell."""
+    if side == "agentenv-mpi":
+        return f"learner {run['learner_wall_s']:.1f}"
+    if side == "sb3":
+        return f"{run['start_s']:.1f}+{run['setup_s']:.1f}+{run['learn_s']:.1f}"
+    training = run["summary_wall_s"] - run["compile_s"]
+    other = run["train_call_s"] - training - run["compile_s"]
+    return f"{run['start_s']:.1f}+{other:.1f}+{run['compile_s']:.1f}+{training:.1f}"
+
+
 def print_report(runs: dict[str, list[dict[str, Any]]], seeds: list[int]) -> None:
     labels = {
-        "agentenv": "agentenv 1 process (train() call)",
-        "agentenv-mpi": "agentenv mpiexec -n 3 (learner wall_s)",
-        "sb3": "stable-baselines3 (learn() call)",
+        "agentenv": "agentenv 1 process, cold cache",
+        "agentenv-warm": "agentenv 1 process, warm cache",
+        "agentenv-mpi": "agentenv mpiexec -n 3, cold cache",
+        "sb3": "stable-baselines3",
     }
-    print("per seed: seconds / env steps to a mean return >= 475 over the last 20 episodes")
-    header = f"{'side':<40}" + "".join(f" | {'seed ' + str(s):>17}" for s in seeds)
+    print(
+        "per seed: seconds from launch / env steps to a mean return >= 475 over the last 20 "
+        "episodes;\nbeside it where the seconds went: agentenv start+imports + construction "
+        "and saving + compiling + training; sb3 start+imports + PPO() + learn()"
+    )
+    header = f"{'side':<36}" + "".join(f" | {'seed ' + str(s):>17}" for s in seeds)
     print(header)
     print("-" * len(header))
     for side, side_runs in runs.items():
@@ -231,21 +269,12 @@ def print_report(runs: dict[str, list[dict[str, Any]]], seeds: list[int]) -> Non
             f"{format_solved(steps_to_solve(r), ',.0f'):>8}"
             for r in side_runs
         )
-        print(f"{labels[side]:<40}{cells}")
-        if side == "agentenv-mpi":
-            print(
-                f"{'  (mpiexec launch to exit)':<40}"
-                + "".join(f" | {r['job_s']:>8.1f} {'':>8}" for r in side_runs)
-            )
-        if side == "sb3":
-            print(
-                f"{'  (PPO() + learn())':<40}"
-                + "".join(f" | {r['setup_s'] + r['wall_s']:>8.1f} {'':>8}" for r in side_runs)
-            )
+        print(f"{labels[side]:<36}{cells}")
+        print(f"{'':<36}" + "".join(f" | {_breakdown(side, r):>17}" for r in side_runs))
 
     print()
     header = (
-        f"{'side':<40} | {'solved':>6} | {'median s':>8} {'median steps':>12} | "
+        f"{'side':<36} | {'solved':>6} | {'median s':>8} {'median steps':>12} | "
         f"{'time/sb3':>8} {'goal':>4} | {'steps/sb3':>9} {'goal':>4}"
     )
     print(header)
@@ -258,7 +287,7 @@ def print_report(runs: dict[str, list[dict[str, Any]]], seeds: list[int]) -> Non
         med_steps = median([steps_to_solve(r) for r in side_runs])
         solved = sum(r["solved"] for r in side_runs)
         line = (
-            f"{labels[side]:<40} | {solved:>2}/{len(side_runs):<3} | "
+            f"{labels[side]:<36} | {solved:>2}/{len(side_runs):<3} | "
             f"{format_solved(med_time, '8.1f'):>8} {format_solved(med_steps, ',.0f'):>12} |"
         )
         if side != "sb3" and sb3:
@@ -296,6 +325,7 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--worker", choices=["agentenv", "sb3"], help=argparse.SUPPRESS)
     parser.add_argument("--seed", type=int, default=0, help=argparse.SUPPRESS)
     parser.add_argument("--run-dir", type=Path, help=argparse.SUPPRESS)
+    parser.add_argument("--launched-at", type=float, help=argparse.SUPPRESS)
     return parser
 
 
@@ -341,15 +371,20 @@ def main() -> None:
 
     def describe(side: str, run: dict[str, Any]) -> str:
         return (
-            f"{side:<13} {'solved' if run['solved'] else 'UNSOLVED'} "
+            f"{side:<14} {'solved' if run['solved'] else 'UNSOLVED'} "
             f"in {run['wall_s']:6.1f} s, {run['env_steps']:>7,} env steps "
             f"(return {run['return']:.1f})"
         )
 
     sides = [side for side in SIDES if side in args.sides]
-    runs = run_seeds(
-        sides, args.seeds, run_side, describe, args.keep_runs, "agentenv_time_to_solve_"
-    )
+    run_root = args.keep_runs or Path(tempfile.mkdtemp(prefix="agentenv_time_to_solve_"))
+    try:
+        if "agentenv-warm" in sides:
+            _fill_warm_cache(args, run_root)
+        runs = run_seeds(sides, args.seeds, run_side, describe, run_root, "agentenv_time_to_solve_")
+    finally:
+        if args.keep_runs is None:
+            shutil.rmtree(run_root, ignore_errors=True)
     if runs.get("sb3"):
         print(f"  sb3 ran with torch.get_num_threads() = {runs['sb3'][0]['torch_threads']}")
     print()

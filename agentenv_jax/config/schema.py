@@ -275,6 +275,7 @@ class RunConfig:
     compilation_cache_dir: str | None = None  # its folder (None: $AGENTENV_CACHE_DIR, ~/.cache)
 
     def validate(self, prefix: str) -> None:
+        _require(self.seed >= 0, f"{prefix}.seed", self.seed, "an integer >= 0")
         _require(
             self.total_env_steps >= 1,
             f"{prefix}.total_env_steps",
