@@ -7,7 +7,8 @@ distribution's mode; SAC: `tanh` of the mean) unless asked to sample. Env seeds 
 `EVAL_SEED_BASE`, far from the seeds training uses (`seed * 1_000_003 + env index`).
 With `video_dir`, the env renders `rgb_array` frames and Gymnasium's `RecordVideo` writes one
 MP4 per episode there (`pip install 'agentenv_jax[video]'`: moviepy, and pygame for the
-classic-control envs' rendering).
+classic-control envs' rendering). A run with `env.backend: jax` plays its gymnax env instead
+(`jax_evaluation`; no videos).
 """
 
 from __future__ import annotations
@@ -179,6 +180,8 @@ def evaluate(
     if not (run_dir / "config.yaml").is_file():
         raise CheckpointError(f"{run_dir} is not a run directory (it has no config.yaml)")
     config = load_config(run_dir / "config.yaml")
+    if config.env.backend == "jax" and video_dir is not None:
+        raise ConfigError("--video is not supported with env.backend = 'jax': evaluate without it")
     use_persistent_cache(config.run.compilation_cache, config.run.compilation_cache_dir)
     store = CheckpointStore(run_dir, config.checkpoint.keep)
     try:
@@ -192,6 +195,12 @@ def evaluate(
     finally:
         store.close()
 
+    seeds = [EVAL_SEED_BASE + seed * episodes + episode for episode in range(episodes)]
+    if config.env.backend == "jax":
+        from agentenv_jax.jax_evaluation import play_jax_episodes
+
+        returns, lengths = play_jax_episodes(config, state["params"], seeds, deterministic)
+        return Evaluation(run_dir, int(step), deterministic, tuple(returns), tuple(lengths))
     prefix = f"eval-update{step}"
     env = evaluation_env(config, None if video_dir is None else Path(video_dir), prefix)
     try:
@@ -202,7 +211,7 @@ def evaluate(
         noise_size = spaces.action_size
         returns, lengths = [], []
         for episode in range(episodes):
-            obs, _ = env.reset(seed=EVAL_SEED_BASE + seed * episodes + episode)
+            obs, _ = env.reset(seed=seeds[episode])
             total, steps, done = 0.0, 0, False
             while not done:
                 batch = observe(np.asarray(obs, np.float32)[None])

@@ -162,25 +162,31 @@ def _start_compile_clock(config: ExperimentConfig) -> CompileTotals:
     return compile_totals()
 
 
+def _describe_topology(topology: Topology, learner) -> str:
+    return (
+        f"{topology.num_learner_ranks} learner + {topology.num_env_ranks} env "
+        f"rank(s), {topology.global_num_envs} envs, "
+        f"{len(learner.mesh.devices.flat)} learner device(s)"
+    )
+
+
 def _summarize(
     run_dir: Path,
     learner,
     started: float,
-    topology: Topology,
+    topology: str,
     compile_start: CompileTotals,
     interrupted: bool = False,
 ) -> TrainResult:
     """summary.json and the closing summary of a session that began at `started`
-    (`time.perf_counter()`)."""
+    (`time.perf_counter()`); `topology` says in words what ran it."""
     wall_s = time.perf_counter() - started
     accounting = learner.accounting.as_dict()
     compiled = compile_totals().since(compile_start)
     summary = {
         "run_dir": str(run_dir),
         "interrupted": interrupted,
-        "topology": f"{topology.num_learner_ranks} learner + {topology.num_env_ranks} env "
-        f"rank(s), {topology.global_num_envs} envs, "
-        f"{len(learner.mesh.devices.flat)} learner device(s)",
+        "topology": topology,
         "updates": learner.updates,
         "env_steps": learner.env_steps,
         "episodes": learner.episodes,
@@ -335,7 +341,14 @@ def run_single_process(config: ExperimentConfig, resume: bool = False) -> TrainR
             learner.finish()
         finally:
             session.close()  # the final checkpoint, with the run's accounting when complete
-        return _summarize(run_dir, learner, started, topology, compile_start, session.interrupted)
+        return _summarize(
+            run_dir,
+            learner,
+            started,
+            _describe_topology(topology, learner),
+            compile_start,
+            session.interrupted,
+        )
     finally:
         writer.close()
         if session is not None:
@@ -433,7 +446,12 @@ def run_mpi(config: ExperimentConfig, resume: bool = False) -> TrainResult:
             finally:
                 session.close()  # the final checkpoint, with the run's accounting when complete
             return _summarize(
-                run_dir, learner, started, topology, compile_start, session.interrupted
+                run_dir,
+                learner,
+                started,
+                _describe_topology(topology, learner),
+                compile_start,
+                session.interrupted,
             )
         finally:
             writer.close()
@@ -447,11 +465,71 @@ def run_mpi(config: ExperimentConfig, resume: bool = False) -> TrainResult:
     )
 
 
+def run_jax_backend(config: ExperimentConfig, resume: bool = False) -> TrainResult:
+    """`env.backend: jax` in this one process: the envs step inside the learner's jitted update
+    (`learner.anakin`); no env ranks, no transport. Same run folder, metrics and checkpoints."""
+    from agentenv_jax.learner.anakin_loop import (
+        AnakinLearner,
+        check_anakin_resumable,
+        prepare_anakin,
+    )
+    from agentenv_jax.learner.session import LearnerSession
+
+    compile_start = _start_compile_clock(config)
+    config, _ = _prepare_learner(config, resume)
+    if resume:
+        check_anakin_resumable(config, _run_dir(config))
+    anakin = prepare_anakin(config)
+    run_dir, writer, progress = _learner_outputs(config)
+    started = time.perf_counter()
+    session = None
+    try:
+        learner = AnakinLearner(config, anakin, writer, progress)
+        session = LearnerSession(learner, config, run_dir, resume)
+        session.record_start({0: {"pid": os.getpid(), "host": socket.gethostname()}})
+        save_config(config, run_dir / "config.yaml")
+        session.install_signal_handlers()
+        learner.start()
+        while session.running:
+            learner.run_once()
+            session.after_round()
+        session.before_stop()
+        try:
+            learner.finish()
+        finally:
+            session.close()  # the final checkpoint, with the run's accounting
+        devices = len(learner.mesh.devices.flat)
+        topology = f"1 process, {config.env.global_num_envs} JAX envs on {devices} device(s)"
+        return _summarize(run_dir, learner, started, topology, compile_start, session.interrupted)
+    finally:
+        writer.close()
+        if session is not None:
+            session.restore_signal_handlers()
+
+
+def _require_one_rank_for_jax_envs() -> None:
+    """Under a launcher, `env.backend: jax` is an error on every rank unless the job is one rank."""
+    from agentenv_jax.transport.mpi import MPIWorld
+
+    size = MPIWorld().size
+    if size > 1:
+        raise ConfigError(
+            f"env.backend = 'jax' is not allowed with {size} MPI ranks: it runs in one process "
+            "(the envs step inside the learner's jit; there are no env ranks). Start it without "
+            "mpiexec/srun (or with one rank), or set env.backend = 'gymnasium'"
+        )
+
+
 def train(config: ExperimentConfig, resume: bool = False) -> TrainResult:
-    """Train as configured: over MPI when started by a launcher, else in this one process.
+    """Train as configured: over MPI when started by a launcher, else in this one process;
+    `env.backend: jax` always in one process.
 
     With `resume`, the learner continues from the newest checkpoint in the config's run
     directory (counters, metrics file and all)."""
+    if config.env.backend == "jax":
+        if launched_by_mpi():
+            _require_one_rank_for_jax_envs()
+        return run_jax_backend(config, resume)
     if launched_by_mpi():
         return run_mpi(config, resume)
     return run_single_process(config, resume)

@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 from agentenv_jax.checkpoint import CheckpointError, CheckpointStore
+from agentenv_jax.config.loading import load_config
 from agentenv_jax.metrics.logger import read_metrics
 
 from conftest import (
@@ -393,3 +394,18 @@ def test_replay_partition_saved_and_restored_in_one_process(tmp_path):
     assert final["accounting"]["restored"] == saved["accounting"]["stored"] > 1000
     assert final["accounting"]["reconciles"]
     assert final["updates"] - saved["updates"] >= 150
+
+
+def test_a_checkpoint_from_before_a_setting_existed_resumes_with_its_default(tmp_path):
+    """Checkpoints written before `network.torso` and `env.backend` existed hold configs
+    without them: those runs used the defaults, so they stay resumable; a real change is not."""
+    from agentenv_jax.config.loading import config_to_dict
+    from agentenv_jax.learner.session import check_compatible
+
+    current = load_config(EXPERIMENTS / "cartpole_ppo.yaml")
+    saved = config_to_dict(current)
+    del saved["network"]["torso"], saved["env"]["backend"]
+    check_compatible(saved, current, tmp_path)
+    changed = load_config(EXPERIMENTS / "cartpole_ppo.yaml", ["network.torso=impala_cnn"])
+    with pytest.raises(CheckpointError, match=r"network.torso = 'auto'; this config has 'impala"):
+        check_compatible(saved, changed, tmp_path)

@@ -43,6 +43,9 @@ class EnvConfig:
     clip_reward: float = 10.0  # clip scaled rewards to [-clip_reward, clip_reward]
     on_fault: FaultPolicy = "recreate"  # an env that raises: make it anew and count, or fail
     frame_stack: int = 1  # observe the last k frames: images on the channel axis, vectors joined
+    # jax: `id` names a gymnax env; global_num_envs envs are vmapped inside the learner's jit
+    # (one process, no env ranks; see docs/jax_envs.md).
+    backend: Literal["gymnasium", "jax"] = "gymnasium"  # gymnasium env ranks, or jax (gymnax)
 
     def validate(self, prefix: str) -> None:
         _require(bool(self.id.strip()), f"{prefix}.id", self.id, "a Gymnasium id or module:factory")

@@ -1,0 +1,199 @@
+"""The shell around the Anakin step (`env.backend: jax`): counters, the episode window, the
+accounting and metrics records, and the `LearnerSession` protocol for checkpoints and resume.
+
+The maths is in `learner.anakin` (and the algorithms it reuses); this module only calls the
+jitted step once per update and reads its outputs back to the host.
+"""
+
+from __future__ import annotations
+
+import collections
+import math
+import time
+from pathlib import Path
+from typing import Any
+
+import jax
+import numpy as np
+
+from agentenv_jax.checkpoint.store import CheckpointError, CheckpointStore
+from agentenv_jax.config.errors import ConfigError
+from agentenv_jax.config.schema import ExperimentConfig
+from agentenv_jax.envs.jax_envs import check_jax_backend_settings, make_jax_env
+from agentenv_jax.learner.anakin import Anakin, AnakinState, build_anakin, state_shardings
+from agentenv_jax.learner.guards import check_finite
+from agentenv_jax.metrics.accounting import Accounting
+from agentenv_jax.metrics.logger import MetricsWriter, ProgressLine, SteadyRate
+
+# On-policy algorithms whose update takes the `[T, E]` rollout the Anakin step produces. SAC
+# keeps its replay partitions on env ranks, which this mode has none of.
+SUPPORTED_ALGORITHMS = ("ppo", "impala")
+# Settings a checkpoint of this mode depends on besides `session._STATE_DEFINING`: the envs'
+# state is part of it, one row per env.
+_ENV_STATE_DEFINING = ("backend", "global_num_envs")
+
+
+def prepare_anakin(config: ExperimentConfig) -> Anakin:
+    """Check the config for `env.backend: jax`, make the gymnax env and build the learner on the
+    devices `topology.learner_devices` asks for. `ConfigError`, `EnvError` or `MeshError` say
+    what does not fit."""
+    from agentenv_jax.roles import learner_devices
+
+    if config.algorithm.name not in SUPPORTED_ALGORITHMS:
+        raise ConfigError(
+            f"algorithm.name = {config.algorithm.name!r} is not allowed with env.backend = "
+            f"'jax': expected one of {', '.join(map(repr, SUPPORTED_ALGORITHMS))}"
+        )
+    check_jax_backend_settings(config.env)
+    jax_env = make_jax_env(config.env)
+    return build_anakin(config, jax_env, learner_devices(config))
+
+
+def check_anakin_resumable(config: ExperimentConfig, run_dir: Path) -> None:
+    """`CheckpointError` naming the env setting that makes the newest checkpoint unusable."""
+    store = CheckpointStore(run_dir, config.checkpoint.keep)
+    try:
+        saved = store.read_meta()["config"].get("env", {})
+    finally:
+        store.close()
+    for name in _ENV_STATE_DEFINING:
+        before = saved.get(name, "gymnasium" if name == "backend" else None)
+        after = getattr(config.env, name)
+        if before != after:
+            raise CheckpointError(
+                f"checkpoint {store.directory} was written with env.{name} = {before!r}; "
+                f"this config has {after!r}"
+            )
+
+
+class AnakinLearner:
+    """Runs one jitted rollout-and-update per `run_once`; the envs live in `state`."""
+
+    def __init__(
+        self,
+        config: ExperimentConfig,
+        anakin: Anakin,
+        writer: MetricsWriter | None,
+        progress: ProgressLine | None,
+    ):
+        self.config = config
+        self.mesh = anakin.mesh
+        self.num_updates = anakin.num_updates
+        self.state: AnakinState = anakin.state
+        self._step = anakin.step
+        self._writer = writer
+        self._progress = progress
+        self._rows_per_update = config.algorithm.rollout_length * config.env.global_num_envs
+        self._returns: collections.deque[float] = collections.deque(maxlen=config.run.return_window)
+        self._lengths: collections.deque[int] = collections.deque(maxlen=config.run.return_window)
+        self.episodes = 0
+        self._before = Accounting()  # what earlier sessions of this run (before a resume) did
+        self.produced = 0  # this session's env steps, counted as each rollout is collected
+        self.trained = 0  # this session's rows, counted by the update on the device
+        self.updates = 0
+        self.done = False
+        self.accounting: Accounting | None = None
+        self.env_faults = 0  # JAX envs cannot raise mid-step: nothing to re-create
+        self._start_time = time.perf_counter()
+        self.last_record: dict[str, Any] = {}
+        self.steady_rate = SteadyRate()
+
+    @property
+    def env_steps(self) -> int:
+        """Transitions trained on over the whole run, earlier sessions included."""
+        return self._before.trained + self.trained
+
+    @property
+    def session_env_steps(self) -> int:
+        return self.trained
+
+    @property
+    def episode_return_mean(self) -> float:
+        return float(np.mean(self._returns)) if self._returns else float("nan")
+
+    def params(self) -> Any:
+        return jax.device_get(self.state.params)
+
+    def _session_accounting(self) -> Accounting:
+        # No transport between acting and learning: every row collected is handed to the update
+        # in the same jitted call, so sent and received are the rows produced, by construction.
+        p = self.produced
+        return Accounting(produced=p, sent=p, received=p, trained=self.trained)
+
+    def checkpoint_saved(self, update: int) -> None:
+        """Nothing besides the state to save: the envs are part of it."""
+
+    def checkpoint_meta(self) -> dict[str, Any]:
+        so_far = self.accounting or self._before + self._session_accounting()
+        return {
+            "updates": self.updates,
+            "trained": self.env_steps,
+            "accounting": so_far.counts(),
+            "episodes": self.episodes,
+            "returns": list(self._returns),
+            "lengths": list(self._lengths),
+        }
+
+    def restore(self, state: AnakinState, meta: dict[str, Any]) -> None:
+        """Continue from a checkpoint: the state (envs mid-episode included) and the counters."""
+        self.state = jax.device_put(state, state_shardings(self.mesh))
+        self.updates, self.episodes = int(meta["updates"]), int(meta["episodes"])
+        self._before = Accounting(**meta["accounting"])
+        self._returns.extend(meta["returns"])
+        self._lengths.extend(meta["lengths"])
+        self.done = self.updates >= self.num_updates
+
+    def start(self) -> None:
+        self._start_time = time.perf_counter()
+
+    def run_once(self) -> dict[str, Any]:
+        """One update: collect `T x E` steps and train on them, in one jitted call."""
+        tick = time.perf_counter()
+        self.state, outputs = self._step(self.state)
+        outputs = jax.device_get(outputs)  # waits for the step
+        update_s = time.perf_counter() - tick
+        self.produced += self._rows_per_update
+        metrics = {k: float(v) for k, v in outputs["metrics"].items()}
+        self.trained += int(metrics.pop("trained_rows"))
+        self.updates += 1
+        check_finite(self.updates, metrics)
+        lengths = outputs["episode_length"]
+        ended = lengths > 0  # `[T, E]`; read in time order, so the window keeps the newest
+        self._returns.extend(outputs["episode_return"][ended].tolist())
+        self._lengths.extend(lengths[ended].tolist())
+        self.episodes += int(ended.sum())
+
+        elapsed = time.perf_counter() - self._start_time
+        record = {
+            "update": self.updates,
+            "env_steps": self.env_steps,
+            "episodes": self.episodes,
+            "wall_s": elapsed,
+            "steps_per_s": self.session_env_steps / max(elapsed, 1e-9),
+            "steps_per_s_after_first_update": self.steady_rate.update(self.session_env_steps),
+            "episode_return_mean": self.episode_return_mean,
+            "episode_length_mean": float(np.mean(self._lengths)) if self._lengths else math.nan,
+            # Acting and learning share the parameters of one step: synchronous, lag 0.
+            "policy_lag_mean": 0.0,
+            "policy_lag_max": 0,
+            **metrics,
+            "time/learner_update_s": update_s,
+        }
+        self.last_record = record
+        self.done = self.updates >= self.num_updates or (
+            self.config.run.stop_at_return is not None
+            and len(self._returns) == self.config.run.return_window
+            and self.episode_return_mean >= self.config.run.stop_at_return
+        )
+        if self._writer is not None:
+            self._writer.write(record)
+        if self._progress is not None:
+            self._progress.update(record, force=self.done)
+        return record
+
+    def finish(self) -> Accounting:
+        """The accounting of the whole run (this session added to the earlier ones)."""
+        self.accounting = self._before + self._session_accounting()
+        if self._progress is not None:
+            self._progress.close()
+        return self.accounting
