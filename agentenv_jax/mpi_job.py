@@ -126,7 +126,7 @@ def run_mpi_job(
                     + errors.read()[-3000:]
                 )
     if config.run.progress:
-        from agentenv_jax.launch import format_summary
+        from agentenv_jax.metrics.summary import format_summary
 
         summary = json.loads((run_dir / "summary.json").read_text())
         print(format_summary(summary), file=output, flush=True)

@@ -7,8 +7,8 @@ import io
 import re
 
 from agentenv_jax.config.reference import config_reference
-from agentenv_jax.launch import format_summary
 from agentenv_jax.metrics.logger import ProgressLine
+from agentenv_jax.metrics.summary import format_summary
 
 from conftest import REPO
 

@@ -1,0 +1,110 @@
+"""A session's summary: `summary.json` in the run folder and the closing lines on stderr."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from agentenv_jax.metrics.compilation import CompileTotals, compile_totals
+from agentenv_jax.transport.topology import Topology
+
+
+def describe_topology(topology: Topology, learner) -> str:
+    return (
+        f"{topology.num_learner_ranks} learner + {topology.num_env_ranks} env "
+        f"rank(s), {topology.global_num_envs} envs, "
+        f"{len(learner.mesh.devices.flat)} learner device(s)"
+    )
+
+
+def write_summary(
+    run_dir: Path,
+    learner: Any,
+    started: float,
+    topology: str,
+    compile_start: CompileTotals,
+    interrupted: bool = False,
+) -> dict[str, Any]:
+    """Write RUN_DIR/summary.json of a session that began at `started` (`time.perf_counter()`)
+    and show the closing summary; `topology` says in words what ran it. Returns the summary."""
+    wall_s = time.perf_counter() - started
+    accounting = learner.accounting.as_dict()
+    compiled = compile_totals().since(compile_start)
+    summary = {
+        "run_dir": str(run_dir),
+        "interrupted": interrupted,
+        "topology": topology,
+        "updates": learner.updates,
+        "env_steps": learner.env_steps,
+        "episodes": learner.episodes,
+        "episode_return_mean": learner.episode_return_mean,
+        "wall_s": wall_s,
+        # This session's rate: a resumed run's earlier steps took place in other processes.
+        "steps_per_s": learner.session_env_steps / max(wall_s, 1e-9),
+        # The same once the first update (start-up, compiling) is over: the steady rate.
+        "steps_per_s_after_first_update": learner.steady_rate.steps_per_s,
+        "accounting": accounting,
+        "env_faults": learner.env_faults,
+        # This process's XLA compilation in this session (the learner's; in one process, the
+        # env rank's too): a persistent-cache hit counts as a program with a short fetch.
+        "compile_s": compiled.seconds,
+        "compiled_programs": compiled.programs,
+        "compile_cache_hits": compiled.cache_hits,
+    }
+    if hasattr(learner, "obs_stats"):
+        summary["obs_normalizer_count"] = learner.obs_stats.count
+    (run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    if learner.config.run.progress:
+        print(format_summary(summary), file=sys.stderr, flush=True)
+    return summary
+
+
+def _rate(steps_per_s: float | None) -> str:
+    return "--" if steps_per_s is None else f"{steps_per_s:,.0f}"
+
+
+def format_summary(summary: dict[str, Any]) -> str:
+    acc = summary["accounting"]
+    ok = "reconciles" if acc["reconciles"] else "DOES NOT RECONCILE"
+    lines = [
+        "─" * 72,
+        f" run        {summary['run_dir']}"
+        + (
+            "   (interrupted: resume with agentenv train --resume this folder)"
+            if summary.get("interrupted")
+            else ""
+        ),
+        f" topology   {summary['topology']}",
+        f" updates    {summary['updates']}   env steps {summary['env_steps']:,}   "
+        f"episodes {summary['episodes']:,}",
+        f" return     {summary['episode_return_mean']:.2f} (mean of the last episodes)",
+        f" time       {summary['wall_s']:.1f} s   {summary['steps_per_s']:,.0f} env steps/s "
+        f"({_rate(summary.get('steps_per_s_after_first_update'))} after the first update)   "
+        f"compiling {summary.get('compile_s', 0.0):.1f} s",
+    ]
+    if summary.get("env_faults"):
+        lines.append(
+            f" env faults {summary['env_faults']:,} (envs re-created, their partial "
+            "episodes dropped)"
+        )
+    if "sent" in acc:
+        lines += [
+            f" experience produced {acc['produced']:,} = sent {acc['sent']:,} + unsent "
+            f"{acc['unsent']:,}",
+            f"            received {acc['received']:,} = trained {acc['trained']:,} + late "
+            f"{acc['late']:,}   ({ok})",
+        ]
+    else:
+        lines += [
+            f" replay     produced {acc['produced']:,} = inserted {acc['inserted']:,} + pending "
+            f"{acc['pending']:,} + dropped {acc['dropped']:,}",
+            f"            inserted {acc['inserted']:,} + restored {acc['restored']:,} = stored "
+            f"{acc['stored']:,} + overwritten {acc['overwritten']:,}",
+            f"            sampled {acc['sampled']:,} = trained {acc['trained']:,} + prefetched "
+            f"{acc['prefetched']:,}   ({ok})",
+        ]
+    lines.append("─" * 72)
+    return "\n".join(lines)
