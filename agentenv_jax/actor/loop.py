@@ -13,6 +13,7 @@ import gymnasium as gym
 import numpy as np
 from gymnasium.vector import AutoresetMode
 
+from agentenv_jax.actor.episodes import episode_statistics
 from agentenv_jax.actor.policy import ActorPolicy
 from agentenv_jax.buffers.segment_queue import ACTOR_TIMERS, SegmentQueue
 from agentenv_jax.envs import normalization as norm
@@ -20,6 +21,14 @@ from agentenv_jax.envs.factory import EnvSpaces, autoreset_mode
 from agentenv_jax.envs.faults import fault_mask
 from agentenv_jax.transport.base import ActorChannel, TransportError
 from agentenv_jax.transport.spec import MessageSpec
+
+
+def _valid_rows(x: np.ndarray, valid: np.ndarray, count: int) -> np.ndarray:
+    """`x [T, E, ...]` at the `count` rows where `valid [T, E]`, time-major, as `[count, D]`:
+    laid out as the per-step concatenation was, and a view when every row is valid."""
+    if count == valid.size:
+        return x.reshape(count, -1)
+    return x[valid].reshape(count, -1)
 
 
 class Actor:
@@ -82,10 +91,19 @@ class Actor:
         # Env j (global index) is seeded seed * 1_000_003 + j, whatever the topology.
         self._obs, _ = vector_env.reset(seed=seed * 1_000_003 + env_offset)
         self._obs = np.asarray(self._obs, dtype=self._obs_dtype)
-        self._pending_reset = np.zeros(self._num_envs, dtype=bool)  # NEXT_STEP padding rows
+        # NEXT_STEP padding rows of the next vector step; None while there are none.
+        self._pending_reset: np.ndarray | None = None
         self._episode_return = np.zeros(self._num_envs, dtype=np.float64)
         self._episode_length = np.zeros(self._num_envs, dtype=np.int64)
-        self._discounted_return = np.zeros(self._num_envs, dtype=np.float64)
+        # Per-segment scratch, kept between segments: raw rewards, and what the normalizer
+        # statistics are taken of (discounted returns, raw observations).
+        shape = (rollout_length, self._num_envs)
+        self._rewards = np.zeros(shape, dtype=np.float64)
+        if normalize_reward:
+            self._discounted_return = np.zeros(self._num_envs, dtype=np.float64)
+            self._returns = np.zeros(shape, dtype=np.float64)
+        if normalize_obs:
+            self._raw_obs = np.zeros((*shape, *spaces.obs_shape), dtype=self._obs_dtype)
         self._obs_stats = norm.empty_stats(spaces.normalizer_dim)
         self._return_stats = norm.empty_stats(1)
         self._version = -1
@@ -167,23 +185,42 @@ class Actor:
         return True
 
     def _fill_segment(self, fields: dict[str, np.ndarray]) -> tuple[float, float]:
+        """Step the envs `T` times into the segment `fields` (views `[T, E, ...]` of one
+        buffer); returns the seconds spent in `env.step` and in policy calls.
+
+        Each step does only what it must then: act, step, store. Its masks are written only
+        when a row is padding or an env ended (`_end_episodes`); rewards, episode returns and
+        lengths, the produced count and the normalizer statistics are computed once from the
+        segment's `[T, E]` arrays at the end, with the same floating-point operations in the
+        same order as a per-step update, so the results are bit-identical.
+        """
         env_s = inference_s = 0.0
-        segment_obs: list[np.ndarray] = []
-        segment_returns: list[np.ndarray] = []
-        fields["episode_return"][...] = np.nan
-        fields["episode_length"][...] = 0
+        rewards = self._rewards
+        obs_rows, action_rows = fields["obs"], fields["action"]
+        log_prob_rows, value_rows = fields["log_prob"], fields["value"]
+        # The defaults of a row where all envs are valid and none ended; other rows are
+        # written as they come.
+        fields["terminated"][...] = 0
+        fields["truncated"][...] = 0
+        fields["valid"][...] = 1
         fields["bootstrap_value"][...] = 0.0
         fields["policy_version"][...] = self._version
+        scaled_from = 0  # rows before it have their (scaled) reward written
         for t in range(self._rollout_length):
             if t > 0 and self._max_policy_lag > 0:
                 # Asynchronous modes swap in new parameters between vector steps; every
                 # transition records the version that chose its action.
                 message = self._channel.poll_params()
                 if message is not None:
+                    # Rewards so far are scaled by the return statistics they were collected
+                    # under, before the message replaces them.
+                    self._write_rewards(fields, scaled_from, t)
+                    scaled_from = t
                     self._load_params(message)
                     fields["policy_version"][t:] = self._version
-            valid = ~self._pending_reset
             obs_in = self._observe(self._obs)
+            if self._normalize_obs:
+                self._raw_obs[t] = self._obs
             tick = time.perf_counter()
             action, log_prob, value = self._policy.act(obs_in)
             env_action = action
@@ -194,80 +231,128 @@ class Actor:
             env_s += time.perf_counter() - tock
             inference_s += tock - tick
             next_obs = np.asarray(next_obs, dtype=self._obs_dtype)
-            reward = np.asarray(reward, dtype=np.float64)
-            terminated = np.asarray(terminated, dtype=bool) & valid
-            truncated = np.asarray(truncated, dtype=bool) & valid & ~terminated
-            ended = terminated | truncated
-            # A faulted step has no real outcome: not a transition, and its episode is dropped.
-            faulted = fault_mask(info, self._num_envs) & valid
-            self.env_faults += int(faulted.sum())
-            valid = valid & ~faulted
-
-            if self._normalize_obs and valid.any():
-                segment_obs.append(self._obs[valid].reshape(int(valid.sum()), -1))
-            self._discounted_return = self._discounted_return * self._gamma + reward
-            if self._normalize_reward and valid.any():
-                segment_returns.append(self._discounted_return[valid][:, None])
-            scaled_reward = reward
+            rewards[t] = reward
             if self._normalize_reward:
-                scaled_reward = norm.scale(reward[:, None], self._return_stats, self._clip_reward)[
-                    :, 0
-                ]
-
-            self._episode_return += np.where(valid, reward, 0.0)
-            self._episode_length += valid
-            fields["obs"][t] = obs_in
-            fields["action"][t] = action
-            fields["reward"][t] = np.where(valid, scaled_reward, 0.0)
-            fields["log_prob"][t] = log_prob
-            fields["value"][t] = value
-            fields["terminated"][t] = terminated
-            fields["truncated"][t] = truncated
-            fields["valid"][t] = valid
-            if ended.any():
-                finished = ended & ~faulted
-                fields["episode_return"][t, finished] = self._episode_return[finished]
-                fields["episode_length"][t, finished] = self._episode_length[finished]
-                self._episode_return[ended] = 0.0
-                self._episode_length[ended] = 0
-                self._discounted_return[ended] = 0.0
-            if truncated.any():
-                tick = time.perf_counter()
-                fields["bootstrap_value"][t] = np.where(
-                    truncated,
-                    self._policy.value(self._observe(self._final_obs(next_obs, truncated, info))),
-                    0.0,
+                # The discounted return whose statistics scale rewards, of every row (padding
+                # and faulted ones too); `_end_episodes` restarts it where an episode ended.
+                np.multiply(self._discounted_return, self._gamma, out=self._discounted_return)
+                self._discounted_return += rewards[t]
+                self._returns[t] = self._discounted_return
+            obs_rows[t] = obs_in
+            action_rows[t] = action
+            log_prob_rows[t] = log_prob
+            value_rows[t] = value
+            terminated = np.asarray(terminated, dtype=bool)
+            truncated = np.asarray(truncated, dtype=bool)
+            # (count_nonzero: a few times cheaper than `.any()` on [E] arrays, every step)
+            if np.count_nonzero(terminated) or np.count_nonzero(truncated):
+                inference_s += self._end_episodes(
+                    fields, t, value, next_obs, terminated, truncated, info
                 )
-                inference_s += time.perf_counter() - tick
-            if faulted.any():
-                # Zero TD error on the faulted row, so the partial episode's last real step
-                # bootstraps as if it had continued.
-                fields["bootstrap_value"][t, faulted] = value[faulted] / max(self._gamma, 1e-8)
-            self.produced += int(valid.sum())
-            if self._next_step_mode:
-                self._pending_reset = ended
+            elif self._pending_reset is not None:
+                fields["valid"][t] = ~self._pending_reset
+                self._pending_reset = None
             self._obs = next_obs
+        self._write_rewards(fields, scaled_from, self._rollout_length)
 
         tick = time.perf_counter()
         last_obs = self._observe(self._obs)
         fields["last_obs"][:] = last_obs
         fields["last_value"][:] = self._policy.value(last_obs)
         inference_s += time.perf_counter() - tick
-        fields["obs_stats"][:] = norm.stats_to_flat(
-            norm.stats_of(np.concatenate(segment_obs))
-            if segment_obs
-            else norm.empty_stats(self._spaces.normalizer_dim)
+
+        valid = fields["valid"].astype(bool)
+        count = int(np.count_nonzero(valid))
+        episodes = episode_statistics(
+            rewards,
+            valid,
+            (fields["terminated"] | fields["truncated"]).astype(bool),
+            self._episode_return,
+            self._episode_length,
         )
-        fields["return_stats"][:] = norm.stats_to_flat(
-            norm.stats_of(np.concatenate(segment_returns))
-            if segment_returns
-            else norm.empty_stats(1)
-        )
+        fields["episode_return"][...] = episodes.episode_return
+        fields["episode_length"][...] = episodes.episode_length
+        self._episode_return, self._episode_length = episodes.next_return, episodes.next_length
+        obs_stats = norm.empty_stats(self._spaces.normalizer_dim)
+        if self._normalize_obs and count:
+            obs_stats = norm.stats_of(_valid_rows(self._raw_obs, valid, count))
+        return_stats = norm.empty_stats(1)
+        if self._normalize_reward and count:
+            return_stats = norm.stats_of(_valid_rows(self._returns, valid, count))
+        fields["obs_stats"][:] = norm.stats_to_flat(obs_stats)
+        fields["return_stats"][:] = norm.stats_to_flat(return_stats)
         fields["sequence"][0] = self._sequence
         fields["env_faults"][0] = self.env_faults
+        self.produced += count
         self._sequence += 1
         self._segments_filled += 1
         return env_s, inference_s
+
+    def _end_episodes(
+        self,
+        fields: dict[str, np.ndarray],
+        t: int,
+        value: np.ndarray,
+        next_obs: np.ndarray,
+        terminated: np.ndarray,
+        truncated: np.ndarray,
+        info: dict,
+    ) -> float:
+        """Row `t` of a vector step in which an env reported an end: its `terminated`,
+        `truncated` and `valid` masks, faults, bootstrap values, and the padding rows of the next
+        step. `value [E]` is the step's behaviour value, `next_obs [E, ...]`, `terminated [E]`
+        and `truncated [E]` (bool) what `env.step` returned. Returns the seconds spent in policy
+        calls."""
+        inference_s = 0.0
+        valid = None if self._pending_reset is None else ~self._pending_reset  # None: all valid
+        if valid is not None:
+            terminated = terminated & valid
+            truncated = truncated & valid
+        truncated = truncated & ~terminated
+        ended = terminated | truncated
+        fields["terminated"][t] = terminated
+        fields["truncated"][t] = truncated
+        # A faulted step has no real outcome: not a transition, and its episode is dropped.
+        # (`fault_mask` reads `final_info`, which vector envs add only on steps where one ended.)
+        faulted = None
+        if "final_info" in info:
+            faulted = fault_mask(info, self._num_envs)
+            if valid is not None:
+                faulted = faulted & valid
+            if faulted.any():
+                self.env_faults += int(faulted.sum())
+                valid = ~faulted if valid is None else valid & ~faulted
+            else:
+                faulted = None
+        if valid is not None:
+            fields["valid"][t] = valid
+        if self._normalize_reward:
+            self._discounted_return[ended] = 0.0
+        if truncated.any():
+            tick = time.perf_counter()
+            fields["bootstrap_value"][t] = np.where(
+                truncated,
+                self._policy.value(self._observe(self._final_obs(next_obs, truncated, info))),
+                0.0,
+            )
+            inference_s += time.perf_counter() - tick
+        if faulted is not None:
+            # Zero TD error on the faulted row, so the partial episode's last real step
+            # bootstraps as if it had continued.
+            fields["bootstrap_value"][t, faulted] = value[faulted] / max(self._gamma, 1e-8)
+        if self._next_step_mode and ended.any():
+            self._pending_reset = ended
+        else:
+            self._pending_reset = None
+        return inference_s
+
+    def _write_rewards(self, fields: dict[str, np.ndarray], start: int, stop: int) -> None:
+        """Rows `[start, stop)` of the segment's `reward` (their masks written): the raw rewards,
+        scaled by the current return statistics when rewards are normalized, 0 on invalid rows."""
+        rewards = self._rewards[start:stop]
+        if self._normalize_reward:
+            rewards = norm.scale(rewards, self._return_stats, self._clip_reward)
+        fields["reward"][start:stop] = np.where(fields["valid"][start:stop], rewards, 0.0)
 
     def _final_obs(self, next_obs: np.ndarray, truncated: np.ndarray, info: dict) -> np.ndarray:
         """The observation each truncated env ended on (SAME_STEP envs return the reset one)."""

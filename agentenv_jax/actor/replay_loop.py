@@ -65,7 +65,10 @@ class ReplayActor:
         self._high = np.asarray(spaces.action_high, np.float32)
         self._rng = np.random.default_rng([seed, env_offset, 17])
         self._obs = np.asarray(vector_env.reset(seed=seed * 1_000_003 + env_offset)[0], np.float32)
-        self._pending_reset = np.zeros(self._num_envs, bool)
+        # NEXT_STEP padding rows of the next vector step; None while there are none.
+        self._pending_reset: np.ndarray | None = None
+        self._all_valid = np.ones(self._num_envs, bool)
+        self._all_valid.flags.writeable = False
         self._episode_return = np.zeros(self._num_envs)
         self._episode_length = np.zeros(self._num_envs, np.int64)
         self._finished: list[tuple[float, int]] = []
@@ -175,7 +178,11 @@ class ReplayActor:
         self._channel.send_answer(self._answer)
 
     def _step(self) -> None:
-        valid = ~self._pending_reset
+        """One vector step into the partition, and the episode returns and lengths it ends.
+
+        A step with neither padding rows nor an ended episode (most of them) skips the masks:
+        every row is valid, and the plain sums give the same bits as the masked ones.
+        """
         tick = time.perf_counter()
         if self._policy.has_params and self.produced >= self._random_steps:
             action = self._policy.act(self._obs)
@@ -187,8 +194,43 @@ class ReplayActor:
         self._seconds[0] += time.perf_counter() - tock
         self._seconds[1] += tock - tick
         next_obs = np.asarray(next_obs, np.float32)
-        terminated = np.asarray(terminated, bool) & valid
-        truncated = np.asarray(truncated, bool) & valid & ~terminated
+        reward = np.asarray(reward)
+        terminated = np.asarray(terminated, bool)
+        truncated = np.asarray(truncated, bool)
+        # (count_nonzero: a few times cheaper than `.any()` on [E] arrays, every step)
+        if self._pending_reset is None and not (
+            np.count_nonzero(terminated) or np.count_nonzero(truncated)
+        ):
+            self._partition.add_step(
+                self._obs,
+                action,
+                reward.astype(np.float32),
+                next_obs,
+                terminated,
+                truncated,
+                self._all_valid,
+            )
+            self.produced += self._num_envs
+            self._episode_return += reward
+            self._episode_length += 1
+        else:
+            self._masked_step(action, next_obs, reward, terminated, truncated, info)
+        self._obs = next_obs
+
+    def _masked_step(
+        self,
+        action: np.ndarray,
+        next_obs: np.ndarray,
+        reward: np.ndarray,
+        terminated: np.ndarray,
+        truncated: np.ndarray,
+        info: dict,
+    ) -> None:
+        """`_step` for a vector step with padding rows or an ended episode (all arrays `[E, ...]`
+        as `env.step` returned them): masks, faults, final observations, finished episodes."""
+        valid = self._all_valid if self._pending_reset is None else ~self._pending_reset
+        terminated = terminated & valid
+        truncated = truncated & valid & ~terminated
         ended = terminated | truncated
         faulted = fault_mask(info, self._num_envs) & valid
         for env in np.flatnonzero(faulted):  # no real outcome: drop the partial episode
@@ -203,7 +245,7 @@ class ReplayActor:
         self._partition.add_step(
             self._obs,
             action,
-            np.asarray(reward, np.float32),
+            reward.astype(np.float32),
             final_obs,
             terminated,
             truncated,
@@ -217,9 +259,7 @@ class ReplayActor:
             self._episodes_finished += 1
         self._episode_return[ended] = 0.0
         self._episode_length[ended] = 0
-        if self._next_step_mode:
-            self._pending_reset = ended
-        self._obs = next_obs
+        self._pending_reset = ended if self._next_step_mode and ended.any() else None
 
     def finish(self) -> dict[str, Any]:
         """Save the partition if the stop request asks, report its accounting, close the envs."""
