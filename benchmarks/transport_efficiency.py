@@ -256,8 +256,8 @@ def main() -> None:
     print(
         "\nus/msg: receiver-side microseconds per segment. The raw side is a blocking "
         "Send/Recv stream of\nthe same bytes; the transport adds credits (one small Isend per "
-        "segment), posted receives,\nsegment accounting and Test-and-sleep waits "
-        "(20 us .. 250 us back-off)."
+        "segment), posted receives,\nsegment accounting and Test waits (a 50 us spin, then a "
+        "20 us .. 250 us back-off)."
     )
     if args.json:
         args.json.write_text(json.dumps(results, indent=1) + "\n")

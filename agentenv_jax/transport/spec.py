@@ -45,9 +45,18 @@ class MessageSpec:
             offset += -(-f.nbytes // _ALIGN) * _ALIGN
         self._offsets = tuple(offsets)
         self.nbytes = max(offset, _ALIGN)
-        # Views are made on every message in the hot path: keep only what building one needs.
-        self._layout = tuple(
-            (f.name, f.shape, f.dtype, off) for f, off in zip(self.fields, offsets, strict=True)
+        # Views are made for every message in the hot path (an env rank counts each segment's
+        # valid transitions as it sends it). One structured record over the whole buffer gives
+        # every field's view from numpy's C code: ~2.5 us for a 19-field segment, where one
+        # `np.ndarray(shape, dtype, buffer=, offset=)` per field took ~8 us.
+        self._names = tuple(f.name for f in self.fields)
+        self._record = np.dtype(
+            {
+                "names": list(self._names),
+                "formats": [(f.dtype, f.shape) for f in self.fields],
+                "offsets": offsets,
+                "itemsize": self.nbytes,
+            }
         )
 
     def __getitem__(self, name: str) -> FieldSpec:
@@ -73,10 +82,8 @@ class MessageSpec:
             raise ValueError(
                 f"buffer of {buffer.nbytes} bytes ({buffer.dtype}) does not match {self!r}"
             )
-        return {
-            name: np.ndarray(shape, dtype, buffer=buffer, offset=off)
-            for name, shape, dtype, off in self._layout
-        }
+        record = np.ndarray((), self._record, buffer=buffer)
+        return {name: record[name] for name in self._names}
 
     def pack(self, values: Mapping[str, np.ndarray]) -> np.ndarray:
         """A new buffer holding `values` (every field must be given, with a castable shape)."""

@@ -89,7 +89,7 @@ class MPIActorChannel:
 
     def idle(self) -> None:
         FAILED_RANKS.check()
-        self._backoff.sleep()
+        self._backoff.pause()
 
     def pump(self, queue: SegmentQueue) -> None:
         self._poll_credits()
@@ -158,9 +158,14 @@ class MPILearnerChannel:
             for rank, slots in zip(self._env_ranks, self._slots, strict=True)
         ]
         self._next_slot = [0] * self.num_env_ranks
-        self._small_sends: list[tuple[MPI.Request, Any]] = []
+        # Credit messages are read from these two never-written buffers, so any number of
+        # credit sends may be in flight without a buffer (or an allocation) each.
+        credits = np.array([max_inflight, 1], dtype=np.int64)
+        credits.flags.writeable = False
+        self._first_credits, self._one_credit = credits[:1], credits[1:]
+        self._small_sends: list[MPI.Request] = []
         for rank in self._env_ranks:
-            self._send_credits(rank, max_inflight)
+            self._send_credit(rank, self._first_credits)
         self._params = ParamBroadcast(comm, self._env_ranks, param_nbytes)
         self._round_taken = False
 
@@ -168,53 +173,61 @@ class MPILearnerChannel:
         """The start was called off before any segment moved: withdraw the posted receives
         and let the credits already sent go."""
         cancel_receives([r for slots in self._slot_reqs for r in slots])
-        finish_sends([request for request, _ in self._small_sends])
+        finish_sends(self._small_sends)
 
-    def _send_credits(self, rank: int, count: int) -> None:
-        buffer = np.array([count], dtype=np.int64)
-        self._small_sends.append((self._comm.Isend(buffer, dest=rank, tag=TAG_CREDIT), buffer))
-        self._small_sends = [(r, b) for r, b in self._small_sends if not r.Test()]
+    def _send_credit(self, rank: int, count: np.ndarray) -> None:
+        self._small_sends.append(self._comm.Isend(count, dest=rank, tag=TAG_CREDIT))
+
+    def _forget_completed_sends(self) -> None:
+        # A small send is eager: it has almost always completed by now, and one `Testall`
+        # (which completes them all, or none) is cheaper than a `Test` each.
+        if MPI.Request.Testall(self._small_sends):
+            self._small_sends.clear()
+        else:
+            self._small_sends = [r for r in self._small_sends if not r.Test()]
 
     def broadcast_params(self, message: np.ndarray) -> None:
         self._params.send(message)
 
     def receive_round(self, timeout_s: float) -> list[np.ndarray]:
-        waiting = set(range(self.num_env_ranks))
-
-        def arrived() -> bool:
-            for i in list(waiting):
-                if self._slot_reqs[i][self._next_slot[i]].Test():
-                    waiting.discard(i)
-            return not waiting
-
+        # Each env rank's next segment lands in the slot whose receive was posted first.
+        current = [reqs[slot] for reqs, slot in zip(self._slot_reqs, self._next_slot, strict=True)]
         wait_until(
-            arrived,
+            lambda: MPI.Request.Testall(current),
             timeout_s,
             lambda: (
                 "a segment from env rank(s) "
-                + ", ".join(str(self._env_ranks[i]) for i in sorted(waiting))
+                + ", ".join(
+                    str(rank)
+                    for rank, request in zip(self._env_ranks, current, strict=True)
+                    if not request.Get_status()
+                )
                 + " (run.transport_timeout_s)"
             ),
         )
         self._round_taken = True
-        return [self._slots[i][self._next_slot[i]] for i in range(self.num_env_ranks)]
+        return [slots[slot] for slots, slot in zip(self._slots, self._next_slot, strict=True)]
 
     def release_round(self) -> None:
         if not self._round_taken:
             return
         for i, rank in enumerate(self._env_ranks):
             slot = self._next_slot[i]
+            # NOTE: re-post the slot's receive before granting the credit it stands for, so the
+            # segment that credit lets the env rank send always finds a receive posted (no
+            # unexpected-message copy), in the order this rank's slots are consumed.
             self._slot_reqs[i][slot] = self._comm.Irecv(
                 self._slots[i][slot], source=rank, tag=TAG_SEGMENT
             )
             self._next_slot[i] = (slot + 1) % len(self._slots[i])
-            self._send_credits(rank, 1)
+            self._send_credit(rank, self._one_credit)
+        self._forget_completed_sends()
         self._round_taken = False
 
     def request_stop(self) -> None:
         stop = {"stop": True, "params_sent": self._params.sent}
         for rank in self._env_ranks:
-            self._small_sends.append((self._comm.isend(stop, dest=rank, tag=TAG_CONTROL), None))
+            self._small_sends.append(self._comm.isend(stop, dest=rank, tag=TAG_CONTROL))
 
     def collect_final_reports(
         self, timeout_s: float
@@ -234,5 +247,5 @@ class MPILearnerChannel:
                     if status.Is_cancelled():
                         continue
                 late_segments.append((i, self._slots[i][slot].copy()))
-        finish_sends([r for r, _ in self._small_sends] + self._params.pending())
+        finish_sends(self._small_sends + self._params.pending())
         return reports, late_segments

@@ -144,20 +144,17 @@ class MPIReplayLearnerChannel:
             )
 
     def wait_answers(self, timeout_s: float) -> list[np.ndarray]:
-        waiting = set(range(self.num_env_ranks))
-
-        def arrived() -> bool:
-            for i in list(waiting):
-                if self._answer_reqs[i].Test():
-                    waiting.discard(i)
-            return not waiting
-
+        pending = self._answer_reqs  # every rank was just asked (`send_requests`)
         wait_until(
-            arrived,
+            lambda: MPI.Request.Testall(pending),
             timeout_s,
             lambda: (
                 "a sample answer from env rank(s) "
-                + ", ".join(str(self._env_ranks[i]) for i in sorted(waiting))
+                + ", ".join(
+                    str(rank)
+                    for rank, request in zip(self._env_ranks, pending, strict=True)
+                    if not request.Get_status()
+                )
                 + " (run.transport_timeout_s)"
             ),
         )
