@@ -8,7 +8,6 @@ jitted step once per update and reads its outputs back to the host.
 from __future__ import annotations
 
 import collections
-import math
 import time
 from pathlib import Path
 from typing import Any
@@ -23,7 +22,12 @@ from agentenv_jax.envs.jax_envs import check_jax_backend_settings, make_jax_env
 from agentenv_jax.learner.anakin import Anakin, AnakinState, build_anakin, state_shardings
 from agentenv_jax.learner.guards import check_finite
 from agentenv_jax.metrics.accounting import Accounting
-from agentenv_jax.metrics.logger import MetricsWriter, ProgressLine, SteadyRate
+from agentenv_jax.metrics.logger import (
+    MetricsWriter,
+    ProgressLine,
+    SteadyRate,
+    progress_fields,
+)
 
 # On-policy algorithms whose update takes the `[T, E]` rollout the Anakin step produces. SAC
 # keeps its replay partitions on env ranks, which this mode has none of.
@@ -163,16 +167,8 @@ class AnakinLearner:
         self._lengths.extend(lengths[ended].tolist())
         self.episodes += int(ended.sum())
 
-        elapsed = time.perf_counter() - self._start_time
         record = {
-            "update": self.updates,
-            "env_steps": self.env_steps,
-            "episodes": self.episodes,
-            "wall_s": elapsed,
-            "steps_per_s": self.session_env_steps / max(elapsed, 1e-9),
-            "steps_per_s_after_first_update": self.steady_rate.update(self.session_env_steps),
-            "episode_return_mean": self.episode_return_mean,
-            "episode_length_mean": float(np.mean(self._lengths)) if self._lengths else math.nan,
+            **progress_fields(self, self._start_time, self._lengths),
             # Acting and learning share the parameters of one step: synchronous, lag 0.
             "policy_lag_mean": 0.0,
             "policy_lag_max": 0,

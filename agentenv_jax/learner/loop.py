@@ -31,7 +31,12 @@ from agentenv_jax.envs import normalization as norm
 from agentenv_jax.envs.factory import EnvSpaces
 from agentenv_jax.learner.guards import check_finite
 from agentenv_jax.metrics.accounting import Accounting, reconcile
-from agentenv_jax.metrics.logger import MetricsWriter, ProgressLine, SteadyRate
+from agentenv_jax.metrics.logger import (
+    MetricsWriter,
+    ProgressLine,
+    SteadyRate,
+    progress_fields,
+)
 from agentenv_jax.networks import (
     ActionDistribution,
     action_distribution,
@@ -320,16 +325,8 @@ class Learner:
         self.updates += 1
         check_finite(self.updates, metrics)
 
-        elapsed = time.perf_counter() - self._start_time
         record = {
-            "update": self.updates,
-            "env_steps": self.env_steps,
-            "episodes": self.episodes,
-            "wall_s": elapsed,
-            "steps_per_s": self.session_env_steps / max(elapsed, 1e-9),
-            "steps_per_s_after_first_update": self.steady_rate.update(self.session_env_steps),
-            "episode_return_mean": self.episode_return_mean,
-            "episode_length_mean": float(np.mean(self._lengths)) if self._lengths else math.nan,
+            **progress_fields(self, self._start_time, self._lengths),
             "policy_lag_mean": float(lag.mean()) if lag.size else 0.0,
             "policy_lag_max": int(lag.max()) if lag.size else 0,
             "policy_lag_hist": np.bincount(lag).tolist() if lag.size else [],

@@ -26,7 +26,12 @@ from agentenv_jax.learner.guards import check_finite
 from agentenv_jax.learner.rate_limit import insert_allowance, may_sample
 from agentenv_jax.learner.sac_training import make_sac_training
 from agentenv_jax.metrics.accounting import ReplayAccounting
-from agentenv_jax.metrics.logger import MetricsWriter, ProgressLine, SteadyRate
+from agentenv_jax.metrics.logger import (
+    MetricsWriter,
+    ProgressLine,
+    SteadyRate,
+    progress_fields,
+)
 from agentenv_jax.parallel.mesh import make_mesh, replicated
 from agentenv_jax.transport.messages import REPLAY_COUNTERS
 from agentenv_jax.transport.spec import MessageSpec
@@ -300,17 +305,9 @@ class ReplayLearner:
         return record
 
     def _record(self, metrics: dict[str, float]) -> dict[str, Any]:
-        elapsed = time.perf_counter() - self._start_time
         inserted = self._counter("inserted")
         record = {
-            "update": self.updates,
-            "env_steps": self.env_steps,
-            "episodes": self.episodes,
-            "wall_s": elapsed,
-            "steps_per_s": self.session_env_steps / max(elapsed, 1e-9),
-            "steps_per_s_after_first_update": self.steady_rate.update(self.session_env_steps),
-            "episode_return_mean": self.episode_return_mean,
-            "episode_length_mean": float(np.mean(self._lengths)) if self._lengths else math.nan,
+            **progress_fields(self, self._start_time, self._lengths),
             "policy_lag_mean": 0.0,
             "replay/size": self._counter("size"),
             "replay/inserted": inserted,

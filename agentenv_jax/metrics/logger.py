@@ -6,7 +6,7 @@ import json
 import math
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -97,6 +97,24 @@ def format_duration(seconds: float) -> str:
     hours, rest = divmod(total, 3600)
     minutes, secs = divmod(rest, 60)
     return f"{hours}:{minutes:02d}:{secs:02d}" if hours else f"{minutes}:{secs:02d}"
+
+
+def progress_fields(learner: Any, started: float, lengths: Sequence[int]) -> dict[str, Any]:
+    """The fields every learner's per-update record starts with: its counters, the session's
+    clock (from `started`, `time.perf_counter()`) and rates, and the means over the episode
+    window (`lengths`: the lengths of its newest episodes)."""
+    elapsed = time.perf_counter() - started
+    return {
+        "update": learner.updates,
+        "env_steps": learner.env_steps,
+        "episodes": learner.episodes,
+        "wall_s": elapsed,
+        # This session's rate: a resumed run's earlier steps took place in other processes.
+        "steps_per_s": learner.session_env_steps / max(elapsed, 1e-9),
+        "steps_per_s_after_first_update": learner.steady_rate.update(learner.session_env_steps),
+        "episode_return_mean": learner.episode_return_mean,
+        "episode_length_mean": float(np.mean(lengths)) if lengths else math.nan,
+    }
 
 
 class SteadyRate:
