@@ -253,3 +253,21 @@ def test_every_shipped_sweep_builds_its_trials(name):
     assert trials and len({t.name for t in trials}) == len(trials)
     if name.startswith("suite_"):  # the standard suite is measured over at least 3 seeds
         assert len(spec.seeds) >= 3 and not spec.parameters
+
+
+def test_a_sweep_begun_before_a_setting_existed_still_resumes(tmp_path):
+    """A sweep folder records its base config; one written before a setting was added lacks
+    it and ran with its default, so the same sweep is still the same sweep."""
+    from agentenv_jax.sweeps.runner import prepare
+
+    spec = read_sweep(_sweep_file(tmp_path, name="old", parameters={"algorithm.clip_eps": [0.1]}))
+    prepare(spec)
+    record = spec.folder / "sweep.yaml"
+    earlier = yaml.safe_load(record.read_text())
+    del earlier["base_config"]["network"]["torso"], earlier["base_config"]["env"]["backend"]
+    record.write_text(yaml.safe_dump(earlier, sort_keys=False))
+    assert prepare(spec) == expand(spec)
+    earlier["base_config"]["network"]["activation"] = "relu"  # a real difference is refused
+    record.write_text(yaml.safe_dump(earlier, sort_keys=False))
+    with pytest.raises(ConfigError, match="holds a sweep whose base_config differs"):
+        prepare(spec)

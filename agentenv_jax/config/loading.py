@@ -267,3 +267,19 @@ def config_to_dict(config: ExperimentConfig) -> dict[str, Any]:
 def save_config(config: ExperimentConfig, path: str | Path) -> None:
     """Write the resolved config; `load_config(path)` reads it back to an equal config."""
     Path(path).write_text(yaml.safe_dump(config_to_dict(config), sort_keys=False))
+
+
+def _merged(saved: dict[str, Any], defaults: dict[str, Any]) -> dict[str, Any]:
+    merged = dict(defaults)
+    for key, value in saved.items():
+        default = defaults.get(key)
+        both_sections = isinstance(value, dict) and isinstance(default, dict)
+        merged[key] = _merged(value, default) if both_sections else value
+    return merged
+
+
+def with_defaults(saved: Mapping[str, Any]) -> dict[str, Any]:
+    """A config written earlier (a checkpoint's, a sweep's), as plain data, with the keys it
+    lacks taken from today's defaults: it was written before those settings existed, so it
+    ran with what are now their defaults (`network.torso`, `env.backend`, ...)."""
+    return _merged(dict(saved), config_to_dict(ExperimentConfig()))

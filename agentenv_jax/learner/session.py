@@ -19,7 +19,7 @@ import numpy as np
 
 from agentenv_jax.checkpoint import replay_files
 from agentenv_jax.checkpoint.store import CheckpointError, CheckpointStore
-from agentenv_jax.config.loading import config_to_dict
+from agentenv_jax.config.loading import config_to_dict, with_defaults
 from agentenv_jax.config.schema import ExperimentConfig
 
 # Sections of the config a checkpoint's learner state depends on: a resumed run may change
@@ -39,21 +39,10 @@ def _lookup(config: dict[str, Any], dotted: str) -> Any:
     return node
 
 
-def _with_defaults(saved: dict[str, Any], defaults: dict[str, Any]) -> dict[str, Any]:
-    """`saved` with the keys it lacks taken from `defaults`: a checkpoint written before a
-    setting existed was written with that setting's default (`network.torso`, `env.backend`)."""
-    merged = dict(defaults)
-    for key, value in saved.items():
-        default = defaults.get(key)
-        both_sections = isinstance(value, dict) and isinstance(default, dict)
-        merged[key] = _with_defaults(value, default) if both_sections else value
-    return merged
-
-
 def check_compatible(saved: dict[str, Any], current: ExperimentConfig, where: Path) -> None:
     """Raise `CheckpointError` naming the first setting that makes the checkpoint unusable."""
     now = config_to_dict(current)
-    saved = _with_defaults(saved, config_to_dict(ExperimentConfig()))
+    saved = with_defaults(saved)
     for dotted in _STATE_DEFINING:
         before, after = _lookup(saved, dotted), _lookup(now, dotted)
         if isinstance(before, dict) and isinstance(after, dict):

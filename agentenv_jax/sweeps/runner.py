@@ -23,6 +23,7 @@ from typing import IO
 import yaml
 
 from agentenv_jax.config.errors import ConfigError
+from agentenv_jax.config.loading import with_defaults
 from agentenv_jax.mpi_job import environment_without_launcher, find_mpiexec
 from agentenv_jax.sweeps.results import (
     require_statistics,
@@ -54,6 +55,8 @@ def prepare(spec: SweepSpec) -> list[Trial]:
     record = spec.folder / "sweep.yaml"
     if record.is_file():
         earlier = yaml.safe_load(record.read_text())
+        # Settings added since the sweep began ran with their defaults.
+        earlier["base_config"] = with_defaults(earlier.get("base_config", {}))
         changed = [k for k in identity if earlier.get(k) != identity[k]]
         if changed:
             raise ConfigError(
