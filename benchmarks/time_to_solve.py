@@ -30,8 +30,8 @@ and on a shared 2-core machine torch's default pool collapses under contention (
 2-10x slower, 75-220 s instead of 20-30 s for one seed). One thread is sb3's best setting here,
 which makes the comparison conservative for agentenv_jax. The thread count used is printed.
 
-The ratios are medians over seeds, agentenv / sb3, for wall time (goal <= 0.5) and env steps
-(goal <= 1.0). An unsolved run counts as infinitely slow.
+The ratios are medians over seeds, agentenv / sb3, for wall time (goal <= 0.5 cold, <= 0.3
+warm) and env steps (goal <= 1.0). An unsolved run counts as infinitely slow.
 
     python benchmarks/time_to_solve.py                      # 3 seeds
     python benchmarks/time_to_solve.py --seeds 0 1 2 3 4 --max-steps 300000
@@ -69,7 +69,7 @@ REPO = Path(__file__).resolve().parent.parent
 DEFAULT_CONFIG = REPO / "experiments" / "cartpole_ppo.yaml"
 TARGET_RETURN = 475.0
 RETURN_WINDOW = 20
-TIME_GOAL = 0.5
+TIME_GOALS = {"agentenv-warm": 0.3}  # time ÷ sb3; every other side: 0.5
 STEPS_GOAL = 1.0
 RESULT_PREFIX = "TIME_TO_SOLVE_RESULT "
 SIDES = ("agentenv", "agentenv-warm", "agentenv-mpi", "sb3")
@@ -292,8 +292,9 @@ def print_report(runs: dict[str, list[dict[str, Any]]], seeds: list[int]) -> Non
         )
         if side != "sb3" and sb3:
             time_ratio, steps_ratio = med_time / sb3_time, med_steps / sb3_steps
+            time_ok = time_ratio <= TIME_GOALS.get(side, 0.5)
             line += (
-                f" {time_ratio:8.2f} {'ok' if time_ratio <= TIME_GOAL else 'MISS':>4} |"
+                f" {time_ratio:8.2f} {'ok' if time_ok else 'MISS':>4} |"
                 f" {steps_ratio:9.2f} {'ok' if steps_ratio <= STEPS_GOAL else 'MISS':>4}"
             )
         print(line)
