@@ -66,13 +66,20 @@ def supervise(argv: list[str]) -> int:
     return 128 - status
 
 
+def signal_when_parent_dies(sig: int) -> bool:
+    """Ask the kernel to send this process `sig` when its parent process ends (Linux
+    `PR_SET_PDEATHSIG`); False where that is not available."""
+    if not sys.platform.startswith("linux"):
+        return False
+    ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, sig, 0, 0, 0)
+    return True
+
+
 def die_with_supervisor() -> None:
     """In the child: be killed by the kernel when the supervisor goes (Linux; elsewhere the
     launcher's own cleanup has to do)."""
     parent = os.environ.get(_SUPERVISOR_PID_VARIABLE)
-    if not sys.platform.startswith("linux") or parent is None:
+    if parent is None or not signal_when_parent_dies(signal.SIGKILL):
         return
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
     if os.getppid() != int(parent):  # the supervisor died before the request took effect
         os._exit(128 + signal.SIGKILL)

@@ -9,7 +9,6 @@ SIGTERM or Ctrl-C on the sweep stops the trials the same way and waits for them.
 
 from __future__ import annotations
 
-import ctypes
 import dataclasses
 import shutil
 import signal
@@ -25,6 +24,7 @@ import yaml
 from agentenv_jax.config.errors import ConfigError
 from agentenv_jax.config.loading import with_defaults
 from agentenv_jax.mpi_job import environment_without_launcher, find_mpiexec
+from agentenv_jax.supervisor import signal_when_parent_dies
 from agentenv_jax.sweeps.results import (
     require_statistics,
     trial_folder,
@@ -34,14 +34,13 @@ from agentenv_jax.sweeps.results import (
 )
 from agentenv_jax.sweeps.spec import SweepSpec, Trial, check_trials, expand
 
-_PR_SET_PDEATHSIG = 1
 _POLL_S = 0.2
 
 
 def _die_with_sweep() -> None:
-    """In a trial's process, before it runs: SIGTERM when the sweep dies (Linux)."""
-    if sys.platform.startswith("linux"):
-        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+    """In a trial's process, before it runs: SIGTERM (a checkpoint, then stop) when the sweep
+    dies."""
+    signal_when_parent_dies(signal.SIGTERM)
 
 
 def prepare(spec: SweepSpec) -> list[Trial]:
