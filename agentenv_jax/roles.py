@@ -189,13 +189,12 @@ def build_actor(
 
 def actor_critic_network(config: ExperimentConfig, spaces):
     """The actor-critic module, its apply function and the layout of its flat parameters."""
-    import jax
-
-    from agentenv_jax.networks import actor_critic_for, init_params
+    from agentenv_jax.networks import actor_critic_for
+    from agentenv_jax.networks.actor_critic import actor_critic_param_shapes
     from agentenv_jax.networks.flat_params import FlatLayout
 
     module, apply_fn = actor_critic_for(config.network, spaces)
-    layout = FlatLayout.of(lambda: init_params(module, spaces.obs_shape, jax.random.key(0)))
+    layout = FlatLayout(actor_critic_param_shapes(module, spaces.obs_shape))
     return module, apply_fn, layout
 
 
@@ -283,9 +282,7 @@ def replay_plan(
 
     algo = config.algorithm
     networks = sac_networks_for(config, spaces)
-    import jax
-
-    actor_layout = FlatLayout.of(lambda: networks.init(jax.random.key(0))[0])
+    actor_layout = FlatLayout(networks.param_shapes[0])
     param_spec = messages.param_message_spec(actor_layout.num_params, spaces.normalizer_dim)
     request_spec = messages.sample_request_spec()
     answer_spec = messages.sample_answer_spec(algo.batch_size, spaces.obs_shape, spaces.action_size)

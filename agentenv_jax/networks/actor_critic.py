@@ -16,6 +16,13 @@ import jax.numpy as jnp
 import numpy as np
 
 from agentenv_jax.networks.distributions import ActionKind
+from agentenv_jax.networks.initializers import (
+    constant,
+    init_on_host,
+    orthogonal,
+    param_shapes,
+    zeros,
+)
 from agentenv_jax.networks.torsos import cnn_torso, image_batch, resolve_torso
 
 _ACTIVATIONS = {"tanh": nn.tanh, "relu": nn.relu, "gelu": nn.gelu}
@@ -24,9 +31,7 @@ _ACTIVATIONS = {"tanh": nn.tanh, "relu": nn.relu, "gelu": nn.gelu}
 def _dense(width: int, scale: float) -> nn.Dense:
     # Orthogonal init with small policy-output scale: the standard PPO recipe (Andrychowicz et
     # al., 2021) that starts with a near-uniform policy.
-    return nn.Dense(
-        width, kernel_init=nn.initializers.orthogonal(scale), bias_init=nn.initializers.zeros
-    )
+    return nn.Dense(width, kernel_init=orthogonal(scale), bias_init=zeros)
 
 
 class MLP(nn.Module):
@@ -61,9 +66,7 @@ class ActorCritic(nn.Module):
     def _policy_head(self, features: jax.Array) -> jax.Array:
         out = _dense(self.action_size, 0.01)(features)
         if self.action_kind == "continuous":
-            log_std = self.param(
-                "log_std", nn.initializers.constant(self.log_std_init), (self.action_size,)
-            )
+            log_std = self.param("log_std", constant(self.log_std_init), (self.action_size,))
             out = jnp.stack([out, jnp.broadcast_to(log_std, out.shape)], axis=-2)
         return out
 
@@ -117,13 +120,19 @@ def make_actor_critic(
     return module, apply_fn
 
 
-def init_params(module: ActorCritic, obs_shape: Sequence[int], key: jax.Array) -> Any:
-    """Initial parameters; the same key gives the same parameters on every rank.
+def _one_observation(obs_shape: Sequence[int]) -> jax.ShapeDtypeStruct:
+    return jax.ShapeDtypeStruct((1, *obs_shape), jnp.float32)
 
-    Jitted as a whole: run eagerly, the initializers compile dozens of small XLA programs.
-    """
-    dummy_obs = jnp.zeros((1, *obs_shape), jnp.float32)
-    return jax.jit(lambda k: module.init(k, dummy_obs)["params"])(key)
+
+def init_params(module: ActorCritic, obs_shape: Sequence[int], key: jax.Array) -> Any:
+    """Initial parameters (numpy arrays, drawn on the host: `networks.initializers`); the same
+    key gives the same parameters on every rank. `key` must be concrete (not traced)."""
+    return init_on_host(module, key, [_one_observation(obs_shape)])
+
+
+def actor_critic_param_shapes(module: ActorCritic, obs_shape: Sequence[int]) -> Any:
+    """The `jax.ShapeDtypeStruct` of each parameter `init_params` returns."""
+    return param_shapes(module, [_one_observation(obs_shape)])
 
 
 def actor_critic_for(

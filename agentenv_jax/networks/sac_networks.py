@@ -17,6 +17,7 @@ import jax
 import jax.numpy as jnp
 
 from agentenv_jax.networks.actor_critic import MLP
+from agentenv_jax.networks.initializers import init_on_host, orthogonal, param_shapes, zeros
 
 Params = Any
 
@@ -29,8 +30,8 @@ def _dense(width: int, scale: float, name: str | None = None) -> nn.Dense:
     # Orthogonal, like the PPO network whose `MLP` torso this module reuses.
     return nn.Dense(
         width,
-        kernel_init=nn.initializers.orthogonal(scale),
-        bias_init=nn.initializers.zeros,
+        kernel_init=orthogonal(scale),
+        bias_init=zeros,
         name=name,
     )
 
@@ -82,14 +83,16 @@ class TwinQCritic(nn.Module):
 
 
 class SACNetworks(NamedTuple):
-    """The two modules, their pure apply functions, and `init(key) -> (actor_params,
-    critic_params)`; the same key gives the same parameters on every rank."""
+    """The two modules, their pure apply functions, `init(key) -> (actor_params,
+    critic_params)` (the same key gives the same parameters on every rank), and the shapes of
+    both (`jax.ShapeDtypeStruct` trees, without drawing anything)."""
 
     actor: SquashedGaussianActor
     critic: TwinQCritic
     actor_apply: Callable[[Params, jax.Array], jax.Array]  # (params, obs) -> head [..., 2, d]
     critic_apply: Callable[[Params, jax.Array, jax.Array], jax.Array]  # -> q [..., 2]
     init: Callable[[jax.Array], tuple[Params, Params]]
+    param_shapes: tuple[Params, Params]
 
 
 def make_sac_networks(
@@ -110,18 +113,18 @@ def make_sac_networks(
     def critic_apply(params: Params, obs: jax.Array, action: jax.Array) -> jax.Array:
         return critic.apply({"params": params}, obs, action)
 
-    # Jitted as a whole: run eagerly, the initializers compile dozens of small XLA programs.
-    @jax.jit
-    def init(key: jax.Array) -> tuple[Params, Params]:
-        actor_key, critic_key = jax.random.split(key)
-        obs = jnp.zeros((1, *obs_shape), jnp.float32)
-        action = jnp.zeros((1, action_dim), jnp.float32)
-        return (
-            actor.init(actor_key, obs)["params"],
-            critic.init(critic_key, obs, action)["params"],
-        )
+    obs = jax.ShapeDtypeStruct((1, *obs_shape), jnp.float32)
+    action = jax.ShapeDtypeStruct((1, action_dim), jnp.float32)
 
-    return SACNetworks(actor, critic, actor_apply, critic_apply, init)
+    def init(key: jax.Array) -> tuple[Params, Params]:
+        """Actor and critic parameters (numpy arrays, drawn on the host: `init_on_host`);
+        `key` must be concrete."""
+        actor_key, critic_key = jax.random.split(key)
+        critic_params = init_on_host(critic, critic_key, [obs, action])
+        return init_on_host(actor, actor_key, [obs]), critic_params
+
+    shapes = (param_shapes(actor, [obs]), param_shapes(critic, [obs, action]))
+    return SACNetworks(actor, critic, actor_apply, critic_apply, init, shapes)
 
 
 def tanh_log_det_jacobian(u: jax.Array) -> jax.Array:

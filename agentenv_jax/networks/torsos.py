@@ -11,6 +11,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from agentenv_jax.networks.initializers import orthogonal, zeros
+
 CNN_TORSOS = ("nature_cnn", "impala_cnn")
 # Smallest side on which the Nature CNN's VALID convolutions leave at least one position:
 # 8x8/4 -> 4x4/2 -> 3x3/1 needs 36 pixels. Smaller images (MinAtar's 10x10, Catch) use SAME.
@@ -38,16 +40,16 @@ def _conv(features: int, kernel: int, stride: int, padding: str) -> nn.Conv:
         (kernel, kernel),
         (stride, stride),
         padding=padding,
-        kernel_init=nn.initializers.orthogonal(_RELU_GAIN),
-        bias_init=nn.initializers.zeros,
+        kernel_init=orthogonal(_RELU_GAIN),
+        bias_init=zeros,
     )
 
 
 def _dense(width: int) -> nn.Dense:
     return nn.Dense(
         width,
-        kernel_init=nn.initializers.orthogonal(_RELU_GAIN),
-        bias_init=nn.initializers.zeros,
+        kernel_init=orthogonal(_RELU_GAIN),
+        bias_init=zeros,
     )
 
 
