@@ -5,6 +5,10 @@ learner's train-state pytree: parameters, optimizer state, target networks, PRNG
 count) and `meta` (JSON: counters, normalizer statistics, the return window, the resolved
 config). Orbax writes each step into a temporary folder and renames it when complete, so a
 crash mid-save never leaves a checkpoint that looks finished.
+
+orbax is imported by the methods that use it, not with this module: its import takes most of a
+second, and a learner opens its store after it has started compiling its update, so the two
+overlap; env ranks, which never checkpoint, do not load it at all.
 """
 
 from __future__ import annotations
@@ -14,7 +18,6 @@ from pathlib import Path
 from typing import Any
 
 import jax
-import orbax.checkpoint as ocp
 
 
 class CheckpointError(ValueError):
@@ -25,6 +28,8 @@ class CheckpointStore:
     """The checkpoints of one run directory; keeps the newest `keep`."""
 
     def __init__(self, run_dir: Path, keep: int):
+        import orbax.checkpoint as ocp
+
         self.directory = Path(run_dir).resolve() / "checkpoints"
         self._manager = ocp.CheckpointManager(
             self.directory,
@@ -45,6 +50,8 @@ class CheckpointStore:
 
     def save(self, step: int, state: Any, meta: dict[str, Any]) -> None:
         """Write checkpoint `step` and wait until it is complete on disk."""
+        import orbax.checkpoint as ocp
+
         self._manager.save(
             step,
             args=ocp.args.Composite(
@@ -57,6 +64,8 @@ class CheckpointStore:
 
     def read_meta(self, step: int | None = None) -> dict[str, Any]:
         """The metadata of the newest (or given) checkpoint, without loading the state."""
+        import orbax.checkpoint as ocp
+
         step = self.latest_step() if step is None else step
         if step is None:
             raise CheckpointError(f"no checkpoint in {self.directory}")
@@ -65,6 +74,8 @@ class CheckpointStore:
 
     def restore_raw(self, step: int | None = None) -> tuple[Any, dict[str, Any]]:
         """The newest (or given) checkpoint as saved, for inspection (host arrays)."""
+        import orbax.checkpoint as ocp
+
         step = self.latest_step() if step is None else step
         if step is None:
             raise CheckpointError(f"no checkpoint in {self.directory}")
@@ -77,6 +88,8 @@ class CheckpointStore:
     def restore(self, like_state: Any, step: int | None = None) -> tuple[Any, dict[str, Any]]:
         """The newest (or given) checkpoint: a state shaped and sharded like `like_state`, and
         its metadata."""
+        import orbax.checkpoint as ocp
+
         step = self.latest_step() if step is None else step
         if step is None:
             raise CheckpointError(f"no checkpoint in {self.directory}")

@@ -29,6 +29,7 @@ from agentenv_jax.buffers.segment_queue import ACTOR_TIMERS
 from agentenv_jax.config.schema import ExperimentConfig, IMPALAConfig, PPOConfig
 from agentenv_jax.envs import normalization as norm
 from agentenv_jax.envs.factory import EnvSpaces
+from agentenv_jax.learner.ahead_of_time import CompiledAhead
 from agentenv_jax.learner.guards import check_finite
 from agentenv_jax.metrics.accounting import Accounting, reconcile
 from agentenv_jax.metrics.logger import (
@@ -43,6 +44,7 @@ from agentenv_jax.networks import (
     actor_critic_for,
     init_params,
 )
+from agentenv_jax.networks.actor_critic import actor_critic_param_shapes
 from agentenv_jax.networks.flat_params import FlatLayout
 from agentenv_jax.parallel.mesh import (
     env_axis_sharding,
@@ -128,6 +130,21 @@ def make_on_policy_update(
     return update, optimizer
 
 
+def rollout_shapes(segment_specs: list[MessageSpec]) -> dict[str, jax.ShapeDtypeStruct]:
+    """The rollout `run_once` assembles from one segment of each spec: `[T, B, ...]` fields
+    joined along the env axis, `[B, ...]` ones along the first."""
+
+    def joined(name: str, axis: int) -> jax.ShapeDtypeStruct:
+        fields = [spec[name] for spec in segment_specs]
+        shape = list(fields[0].shape)
+        shape[axis] = sum(field.shape[axis] for field in fields)
+        return jax.ShapeDtypeStruct(tuple(shape), fields[0].dtype)
+
+    return {name: joined(name, 1) for name in ROLLOUT_FIELDS} | {
+        name: joined(name, 0) for name in ROLLOUT_LAST_FIELDS
+    }
+
+
 def jit_sharded_update(update: Callable, mesh: Mesh) -> Callable:
     """Jit `update(state, rollout)` with the rollout's env axis sharded over `mesh` and the
     train state replicated; the state argument is donated (updated in place)."""
@@ -174,9 +191,6 @@ class Learner:
         self.num_updates = num_updates(config)
 
         module, apply_fn = actor_critic_for(config.network, spaces)
-        init_key, train_key = jax.random.split(jax.random.PRNGKey(config.run.seed))
-        params = init_params(module, spaces.obs_shape, init_key)
-        self._ravel = jax.jit(FlatLayout(params).ravel)
         self.mesh = make_mesh(num_devices)
         update, optimizer = make_on_policy_update(
             config,
@@ -185,16 +199,30 @@ class Learner:
             self.num_updates,
             row_constraint(self.mesh),
         )
-        self._update = jit_sharded_update(update, self.mesh)
-        self.state = jax.device_put(
-            TrainState(
+
+        def train_state(params: Any, key: jax.Array) -> TrainState:
+            return TrainState(
                 params=params,
-                opt_state=jax.jit(optimizer.init)(params),
+                opt_state=optimizer.init(params),
                 update_count=jnp.zeros((), jnp.int32),
-                key=train_key,
+                key=key,
+            )
+
+        # The update compiles while the parameters are initialized and the first rollout is
+        # collected; only the shapes are needed.
+        self._update = CompiledAhead(
+            jit_sharded_update(update, self.mesh),
+            jax.eval_shape(
+                train_state,
+                actor_critic_param_shapes(module, spaces.obs_shape),
+                jax.ShapeDtypeStruct((2,), jnp.uint32),
             ),
-            replicated(self.mesh),
+            rollout_shapes(segment_specs),
         )
+        init_key, train_key = jax.random.split(jax.random.PRNGKey(config.run.seed))
+        params = init_params(module, spaces.obs_shape, init_key)
+        self.state = jax.device_put(jax.jit(train_state)(params, train_key), replicated(self.mesh))
+        self._ravel = jax.jit(FlatLayout(self.state.params).ravel)
         self._obs_stats = norm.empty_stats(spaces.normalizer_dim)
         self._return_stats = norm.empty_stats(1)
         self._param_message = param_spec.allocate()

@@ -82,7 +82,11 @@ class ReplayLearner:
         )
 
         self.mesh = make_mesh(num_devices)
-        training = make_sac_training(config, spaces, self.mesh)
+        batch_shapes = {
+            name: jax.ShapeDtypeStruct(answer_spec[name].shape, answer_spec[name].dtype)
+            for name in BATCH_FIELDS
+        } | {"weight": jax.ShapeDtypeStruct((algo.batch_size,), np.float32)}
+        training = make_sac_training(config, spaces, self.mesh, batch_shapes)
         self._update = training.update
         self._ravel_actor = training.ravel_actor
         self.state = training.initial_state

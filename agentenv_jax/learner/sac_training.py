@@ -8,12 +8,14 @@ from collections.abc import Callable
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 import optax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from agentenv_jax.algorithms.sac import SACHyperparams, init_sac_state, make_sac_update
 from agentenv_jax.config.schema import ExperimentConfig, SACConfig
 from agentenv_jax.envs.factory import EnvSpaces
+from agentenv_jax.learner.ahead_of_time import CompiledAhead
 from agentenv_jax.networks.flat_params import FlatLayout
 from agentenv_jax.networks.sac_networks import make_sac_networks
 from agentenv_jax.parallel.mesh import BATCH_AXIS, replicated, row_constraint
@@ -40,12 +42,15 @@ class SACTraining:
     ravel_actor: Callable
 
 
-def make_sac_training(config: ExperimentConfig, spaces: EnvSpaces, mesh: Mesh) -> SACTraining:
+def make_sac_training(
+    config: ExperimentConfig, spaces: EnvSpaces, mesh: Mesh, batch_shapes: dict[str, Any]
+) -> SACTraining:
+    """`batch_shapes`: the `jax.ShapeDtypeStruct` of each field of the batches the update will
+    get; the update is compiled for them on a background thread (`CompiledAhead`) while the
+    replay fills up to `learning_starts`."""
     algo = config.algorithm
     assert isinstance(algo, SACConfig)
     networks = sac_networks_for(config, spaces)
-    init_key, train_key = jax.random.split(jax.random.PRNGKey(config.run.seed))
-    actor_params, critic_params = networks.init(init_key)
     actor_opt = optax.adam(algo.actor_learning_rate)
     critic_opt = optax.adam(algo.critic_learning_rate)
     alpha_opt = optax.adam(algo.alpha_learning_rate)
@@ -61,20 +66,31 @@ def make_sac_training(config: ExperimentConfig, spaces: EnvSpaces, mesh: Mesh) -
         SACHyperparams(algo.tau, target_entropy),
         constrain_rows=row_constraint(mesh),
     )
+
+    def train_state(actor_params: Any, critic_params: Any, key: jax.Array) -> Any:
+        return init_sac_state(
+            actor_params, critic_params, actor_opt, critic_opt, alpha_opt, algo.initial_alpha, key
+        )
+
     state_sharding = replicated(mesh)
     row_sharding = NamedSharding(mesh, PartitionSpec(BATCH_AXIS))
-    initial_state = jax.jit(
-        lambda a, c, k: init_sac_state(
-            a, c, actor_opt, critic_opt, alpha_opt, algo.initial_alpha, k
-        )
-    )(actor_params, critic_params, train_key)
+    jitted_update = jax.jit(
+        update,
+        in_shardings=(state_sharding, row_sharding),
+        out_shardings=(state_sharding, state_sharding, row_sharding),
+        donate_argnums=(0,),
+    )
+    abstract_state = jax.eval_shape(
+        train_state,
+        *networks.param_shapes,
+        jax.ShapeDtypeStruct((2,), jnp.uint32),
+    )
+    compiled_update = CompiledAhead(jitted_update, abstract_state, batch_shapes)
+    init_key, train_key = jax.random.split(jax.random.PRNGKey(config.run.seed))
+    actor_params, critic_params = networks.init(init_key)
+    state = jax.jit(train_state)(actor_params, critic_params, train_key)
     return SACTraining(
-        update=jax.jit(
-            update,
-            in_shardings=(state_sharding, row_sharding),
-            out_shardings=(state_sharding, state_sharding, row_sharding),
-            donate_argnums=(0,),
-        ),
-        initial_state=jax.device_put(initial_state, state_sharding),
+        update=compiled_update,
+        initial_state=jax.device_put(state, state_sharding),
         ravel_actor=jax.jit(FlatLayout(actor_params).ravel),
     )
