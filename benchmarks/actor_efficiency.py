@@ -29,7 +29,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import os
 import statistics
 import sys
 import time
@@ -38,7 +37,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from common import find_mpiexec, run_rank_or_abort, run_script_under_mpiexec
+from common import find_mpiexec, provenance, run_rank_or_abort, run_script_under_mpiexec
 
 REPO = Path(__file__).resolve().parent.parent
 DEFAULT_CONFIG = REPO / "experiments" / "cartpole_ppo.yaml"
@@ -526,21 +525,12 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _describe_machine() -> str:
-    import jax
-
-    return (
-        f"{os.cpu_count()} CPUs, python {sys.version.split()[0]}, jax {jax.__version__}, "
-        f"numpy {np.__version__}"
-    )
-
-
 def main() -> None:
     args = _parser().parse_args()
     if args.mpi_worker:
         run_rank_or_abort(lambda: mpi_worker(args))
         return
-    print(f"actor efficiency: {args.config.name}, {_describe_machine()}")
+    print(f"actor efficiency: {args.config.name}\n{provenance()}")
     print(
         f"{args.rounds} rounds of ~{args.seconds:g} s per side; ratio = framework / plain "
         f"steps/s, median over rounds (goal >= {GOAL})\n"

@@ -92,20 +92,43 @@ def add_mpi_job_arguments(parser: argparse.ArgumentParser, job_timeout_s: float)
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
 
 
+# The packages every script's numbers depend on (the `bench` extra's among them), by their
+# distribution names; a script names its own extras.
+_PACKAGES = ("jax", "jaxlib", "flax", "optax", "numpy", "gymnasium", "mpi4py", "mpich")
+
+
+def provenance(*extra_packages: str) -> str:
+    """Two lines for a report's header: the commit the package was at (`git describe --dirty`:
+    a `-dirty` suffix says the numbers are not those of the commit) and the machine with the
+    versions of the packages used."""
+    import importlib.metadata
+    import platform
+
+    repo = Path(__file__).resolve().parent.parent
+    try:
+        commit = subprocess.run(
+            ["git", "-C", str(repo), "describe", "--always", "--dirty", "--abbrev=12"],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        commit = "unknown (not a git checkout)"
+    versions = []
+    for package in (*_PACKAGES, *extra_packages):
+        try:
+            versions.append(f"{package} {importlib.metadata.version(package)}")
+        except importlib.metadata.PackageNotFoundError:
+            versions.append(f"{package} not installed")
+    return (
+        f"commit {commit}\n{os.cpu_count()} CPUs, python {platform.python_version()}, "
+        + ", ".join(versions)
+    )
+
+
 def worker_args() -> list[str]:
     """The arguments of this script's ranks: the options it was given, plus `--worker`."""
     return ["--worker", *sys.argv[1:]]
-
-
-def mpi_software() -> str:
-    """The machine and the software an MPI benchmark's numbers depend on, for its header."""
-    import mpi4py
-    import numpy as np
-
-    return (
-        f"{os.cpu_count()} CPUs, python {sys.version.split()[0]}, mpi4py {mpi4py.__version__}, "
-        f"numpy {np.__version__}"
-    )
 
 
 def run_rank_or_abort(rank_work: Callable[[], Any]) -> None:

@@ -24,7 +24,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from common import clean_env, find_mpiexec
+from common import clean_env, find_mpiexec, provenance
 
 REPO = Path(__file__).resolve().parent.parent
 CONFIG = REPO / "experiments" / "cartpole_ppo.yaml"
@@ -88,7 +88,8 @@ def main() -> None:
     args = parser.parse_args()
     if find_mpiexec() is None:
         raise SystemExit("mpiexec not found: install the mpich wheel (pip install mpich)")
-    print(f"PPO CartPole, env step + {args.step_ms} ms, 8 envs, {args.steps:,} env steps\n")
+    print(f"PPO CartPole, env step + {args.step_ms} ms, 8 envs, {args.steps:,} env steps")
+    print(f"{provenance()}\n")
     results: dict[str, list[dict]] = {side: [] for side in SIDES}
     with tempfile.TemporaryDirectory(prefix="agentenv_env_rank_scaling_") as root:
         for repeat in range(args.repeats):

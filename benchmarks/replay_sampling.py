@@ -59,7 +59,7 @@ from typing import Any
 import numpy as np
 from common import (
     add_mpi_job_arguments,
-    mpi_software,
+    provenance,
     run_rank_or_abort,
     run_script_under_mpiexec,
     worker_args,
@@ -560,7 +560,7 @@ def main() -> None:
         return
     print(
         f"replay sampling: batch {args.batch_size}, capacity {args.capacity:,} in total, "
-        f"{args.envs} Pendulum-v1 envs over all partitions; {mpi_software()}"
+        f"{args.envs} Pendulum-v1 envs over all partitions\n{provenance()}"
     )
     print(
         f"{args.rounds} rounds of ~{args.chunk_seconds:g} s per side; frozen rows interleave "

@@ -37,8 +37,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -46,6 +44,7 @@ from typing import Any
 from common import (
     format_solved,
     median,
+    provenance,
     run_agentenv_mpi,
     run_seeds,
     run_worker,
@@ -236,17 +235,12 @@ def main() -> None:
     if args.worker:
         print(RESULT_PREFIX + json.dumps(one_process_worker(args)), flush=True)
         return
-    import jax
 
     print(
         f"SAC Pendulum-v1 time to a mean return >= {TARGET_RETURN:g} (last {RETURN_WINDOW} "
         f"episodes), {args.config.name}"
     )
-    print(
-        f"{os.cpu_count()} CPUs, python {sys.version.split()[0]}, jax {jax.__version__}; "
-        f"budget {args.max_steps:,} env steps\n",
-        flush=True,
-    )
+    print(f"{provenance()}\nbudget {args.max_steps:,} env steps\n", flush=True)
 
     def run_side(side: str, seed: int, run_root: Path) -> dict[str, Any]:
         if side == "mpi":

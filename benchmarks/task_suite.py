@@ -19,6 +19,7 @@ from pathlib import Path
 
 import gymnasium as gym
 import numpy as np
+from common import provenance
 
 from agentenv_jax.config.experiments import shipped_sweeps
 from agentenv_jax.config.loading import load_config
@@ -54,6 +55,7 @@ def main() -> int:
     parser.add_argument("--run-dir", default="runs/suite", help="parent of the sweep folders")
     args = parser.parse_args()
 
+    print(provenance("mujoco", "minatar", "rliable"), flush=True)
     rows = []
     for task in args.tasks:
         spec = dataclasses.replace(read_sweep(f"suite_{task}"), run_dir=args.run_dir)

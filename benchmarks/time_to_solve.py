@@ -1,15 +1,16 @@
-"""Time to solve CartPole-v1: agentenv_jax (one process, mpiexec -n 3) against stable-baselines3.
+"""Time to solve CartPole-v1: agentenv_jax against stable-baselines3, and on JAX envs against rejax.
 
-"Solved" is a mean return of at least 475 over the last 20 episodes. All three sides use the
-RL-Zoo CartPole PPO hyperparameters (`experiments/cartpole_ppo.yaml`: 8 envs x 32 steps, one
+"Solved" is a mean return of at least 475 over the last 20 episodes (rejax: over one of its
+evaluations, see below). Every side uses the RL-Zoo CartPole PPO hyperparameters
+(`experiments/cartpole_ppo.yaml`, `experiments/cartpole_ppo_jax.yaml`: 8 envs x 32 steps, one
 minibatch of 256, 20 epochs, gamma 0.98, lambda 0.8, lr 1e-3 and clip 0.2 annealed linearly to 0
-over the same budget, no entropy bonus, separate 64x64 tanh actor and critic, grad-norm 0.5) and
-check the criterion once per update (after it, on every side).
+over the same budget, no entropy bonus, separate 64x64 tanh actor and critic, grad-norm 0.5), as
+far as rejax takes them. Every side but rejax checks the criterion once per update (after it).
 
 Every training run is a fresh subprocess, so each side pays its own start-up, and the sides take
 turns within each seed (the order rotates from seed to seed). Every side is clocked from the
-same point, the moment before its process is launched, to the end of its training call, and
-the breakdown is printed beside it:
+same point, the moment before its process is launched, to the end of its training call (rejax:
+to its solving evaluation), and the breakdown is printed beside it:
 
 * agentenv, one process, cold: interpreter start and imports, then the `launch.train(config)`
   call (env and network construction, every XLA compile, training, the final checkpoint and
@@ -22,32 +23,60 @@ the breakdown is printed beside it:
   learner's `wall_s` from `summary.json` beside it.
 * stable-baselines3: interpreter start and imports (torch), building `PPO(...)` and its envs,
   and `model.learn()` (torch needs no compile).
+* agentenv, JAX envs (`agentenv-jax`), cold: as the first side, with `--jax-config`
+  (`env.backend: jax`: gymnax's CartPole-v1 stepped inside the learner's jit, "Anakin"; see
+  docs/jax_envs.md). agentenv_jax imports JAX and gymnax inside `train()`, so on the agentenv
+  sides that import is part of "construction", not of "start".
+* rejax (`rejax`), cold: rejax's PPO on gymnax's CartPole-v1, which runs the whole budget as one
+  jitted program: interpreter start and imports (rejax, JAX, gymnax, distrax, tfp),
+  `PPO.create`, `jit(train).lower().compile()` (tracing and compiling, JAX's persistent cache
+  off), and training up to the evaluation that first reaches 475 (the program goes on to the
+  end of the budget; that rest is not counted).
+
+rejax's statistic: rejax sees returns only through its evaluation callback, which runs inside
+the jit every `--rejax-eval-freq` env steps and plays 128 fresh episodes with actions sampled
+from the current policy (not its mode). This side sends each evaluation's env steps and mean
+return to the host (`jax.debug.callback`), which notes the wall time, and takes as its solve
+time and env steps those of the first evaluation whose mean is at least 475. That is not the
+statistic of the other sides (the last 20 training episodes, played by the policies of the last
+updates): rejax's steps are rounded up to a multiple of the evaluation period, and its time
+includes the evaluations it needs to see the return. Where rejax cannot follow the config: clip
+0.2 stays constant and also clips the value loss, its "max_grad_norm" 0.5 is an element-wise
+`optax.clip` (not a global-norm clip), actor and critic have an Adam each (eps 1e-8, not 1e-5),
+the layers start from flax's default initialization (agentenv's: orthogonal), and time-limit
+truncations are not bootstrapped. rejax 0.1.3 unpacks gymnax's pre-1.0 step (5 values) and
+gymnax >= 1.0 returns 6, so the env is wrapped to return `done = terminated or truncated`
+(`_FiveValueStep`).
 
 Threads: agentenv_jax runs with its defaults (XLA's CPU pool on the learner, one XLA thread on
-MPI env ranks). torch is pinned to ONE intra-op thread by default (`--torch-threads 0` keeps
-torch's default, one per core): for a 64x64 MLP on a batch of 256 a second thread buys nothing,
-and on a shared 2-core machine torch's default pool collapses under contention (measured here
-2-10x slower, 75-220 s instead of 20-30 s for one seed). One thread is sb3's best setting here,
-which makes the comparison conservative for agentenv_jax. The thread count used is printed.
+MPI env ranks), rejax with XLA's. torch is pinned to ONE intra-op thread by default
+(`--torch-threads 0` keeps torch's default, one per core): for a 64x64 MLP on a batch of 256 a
+second thread buys nothing, and on a shared 2-core machine torch's default pool collapses under
+contention (measured here 2-10x slower, 75-220 s instead of 20-30 s for one seed). One thread is
+sb3's best setting here, which makes the comparison conservative for agentenv_jax. The thread
+count used is printed.
 
 The ratios are medians over seeds, agentenv / sb3, for wall time (goal <= 0.5 cold, <= 0.3
-warm) and env steps (goal <= 1.0). An unsolved run counts as infinitely slow.
+warm) and env steps (goal <= 1.0); rejax / sb3 is printed without a goal. The JAX-env sides are
+also compared with each other, agentenv-jax / rejax: wall time from launch, compile included
+(goal <= 1.0), and env steps (no goal: not the same statistic). An unsolved run counts as
+infinitely slow. rejax is optional: when it is not installed its side is skipped, with a note.
 
-    python benchmarks/time_to_solve.py                      # 3 seeds
+    python benchmarks/time_to_solve.py                      # 3 seeds, every side
     python benchmarks/time_to_solve.py --seeds 0 1 2 3 4 --max-steps 300000
     python benchmarks/time_to_solve.py --sides agentenv sb3 # skip the MPI side
+    python benchmarks/time_to_solve.py --sides agentenv-jax rejax  # the JAX-env pair
 """
 
 from __future__ import annotations
 
 import argparse
 import collections
+import importlib.util
 import json
 import math
-import os
 import shutil
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -56,6 +85,7 @@ from typing import Any
 from common import (
     format_solved,
     median,
+    provenance,
     run_agentenv_mpi,
     run_seeds,
     run_worker,
@@ -67,12 +97,17 @@ from agentenv_jax.metrics.compilation import CACHE_DIR_VARIABLE
 
 REPO = Path(__file__).resolve().parent.parent
 DEFAULT_CONFIG = REPO / "experiments" / "cartpole_ppo.yaml"
+DEFAULT_JAX_CONFIG = REPO / "experiments" / "cartpole_ppo_jax.yaml"
 TARGET_RETURN = 475.0
 RETURN_WINDOW = 20
 TIME_GOALS = {"agentenv-warm": 0.3}  # time ÷ sb3; every other side: 0.5
 STEPS_GOAL = 1.0
+JAX_PAIR_TIME_GOAL = 1.0  # agentenv-jax time ÷ rejax time
+REFERENCES = ("sb3", "rejax")  # sides compared against, with no goal of their own
 RESULT_PREFIX = "TIME_TO_SOLVE_RESULT "
-SIDES = ("agentenv", "agentenv-warm", "agentenv-mpi", "sb3")
+SIDES = ("agentenv", "agentenv-warm", "agentenv-mpi", "sb3", "agentenv-jax", "rejax")
+WORKERS = {"sb3": "sb3", "rejax": "rejax"}  # every other side: the agentenv worker
+RUN_SUBDIRS = {"agentenv-warm": "warm", "agentenv-jax": "jax"}  # agentenv: the run root
 
 
 def agentenv_overrides(args: argparse.Namespace, seed: int, run_dir: Path, name: str) -> list[str]:
@@ -194,12 +229,121 @@ def sb3_worker(args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
+class _FiveValueStep:
+    """A gymnax (>= 1.0) env whose `step` returns the 5 values rejax 0.1.3 unpacks, `(obs,
+    state, reward, done, info)` with `done = terminated or truncated`, instead of gymnax's 6
+    (`terminated`, `truncated`). Only what rejax calls is passed through."""
+
+    def __init__(self, env: Any) -> None:
+        self._env = env
+
+    @property
+    def default_params(self) -> Any:
+        return self._env.default_params
+
+    def action_space(self, params: Any = None) -> Any:
+        return self._env.action_space(params)
+
+    def observation_space(self, params: Any) -> Any:
+        return self._env.observation_space(params)
+
+    def reset(self, key: Any, params: Any = None) -> tuple[Any, Any]:
+        return self._env.reset(key, params)
+
+    def step(self, key: Any, state: Any, action: Any, params: Any = None) -> tuple[Any, ...]:
+        import jax.numpy as jnp
+
+        obs, state, reward, terminated, truncated, info = self._env.step(key, state, action, params)
+        return obs, state, reward, jnp.logical_or(terminated, truncated), info
+
+
+def rejax_worker(args: argparse.Namespace) -> dict[str, Any]:
+    """One rejax PPO run on gymnax's CartPole-v1 with the JAX config's hyperparameters, as far
+    as rejax takes them, in this interpreter, clocked from its launch (`--launched-at`). The
+    solve point is the first of rejax's in-jit evaluations whose mean return reaches the target,
+    timed on the host as it happens (module docstring)."""
+    try:
+        import gymnax
+        import jax
+        import optax
+        from rejax import PPO
+    except ImportError as err:
+        raise SystemExit(
+            f"the rejax side needs rejax and gymnax ({err}): pip install rejax==0.1.3, or run "
+            "without rejax in --sides"
+        ) from None
+    imported = time.time()
+    jax.config.update("jax_enable_compilation_cache", False)  # cold, like agentenv-jax
+    num_envs, num_steps, num_epochs, num_minibatches = 8, 32, 20, 1
+    # agentenv's annealing: linear to 0 over the gradient steps of ceil(budget / batch) updates.
+    gradient_steps = (
+        math.ceil(args.max_steps / (num_envs * num_steps)) * num_epochs * num_minibatches
+    )
+    env, env_params = gymnax.make("CartPole-v1")
+    algo = PPO.create(
+        env=_FiveValueStep(env),
+        env_params=env_params,
+        num_envs=num_envs,
+        num_steps=num_steps,
+        num_epochs=num_epochs,
+        num_minibatches=num_minibatches,
+        gamma=0.98,
+        gae_lambda=0.8,
+        clip_eps=0.2,
+        ent_coef=0.0,
+        vf_coef=0.5,
+        max_grad_norm=0.5,
+        learning_rate=optax.linear_schedule(1e-3, 0.0, gradient_steps),
+        agent_kwargs={"activation": "tanh", "hidden_layer_sizes": (64, 64)},
+        total_timesteps=args.max_steps,
+        eval_freq=args.rejax_eval_freq,
+        skip_initial_evaluation=True,
+    )
+    evaluations: list[tuple[float, int, float]] = []  # (wall time, env steps, mean return)
+
+    def record(env_steps: Any, mean_return: Any) -> None:
+        evaluations.append((time.time(), int(env_steps), float(mean_return)))
+
+    rejax_evaluation = algo.eval_callback  # 128 episodes, sampled actions
+
+    def eval_callback(algo: Any, ts: Any, rng: Any) -> Any:
+        _, returns = rejax_evaluation(algo, ts, rng)
+        jax.debug.callback(record, ts.global_step, returns.mean(), ordered=True)
+        return returns.mean()
+
+    algo = algo.replace(eval_callback=eval_callback)
+    key = jax.random.PRNGKey(args.seed)
+    built = time.time()
+    train = jax.jit(algo.train).lower(key).compile()
+    compiled = time.time()
+    state, _ = train(key)
+    final_steps = int(state.global_step)  # waits for the end of the budget
+    ended = time.time()
+    solving = next((e for e in evaluations if e[2] >= TARGET_RETURN), None)
+    reached, env_steps, mean_return = solving or (ended, final_steps, evaluations[-1][2])
+    return {
+        "wall_s": reached - args.launched_at,
+        "start_s": imported - args.launched_at,  # interpreter start and imports
+        "setup_s": built - imported,
+        "compile_s": compiled - built,
+        "train_s": reached - compiled,  # training to the solving evaluation
+        "budget_train_s": ended - compiled,  # the whole budget
+        "env_steps": env_steps,
+        "budget_env_steps": final_steps,
+        "evaluations": len(evaluations),
+        "return": mean_return,
+        "solved": solving is not None,
+    }
+
+
 def _run_worker(args: argparse.Namespace, side: str, seed: int, run_dir: Path) -> dict[str, Any]:
-    worker = "sb3" if side == "sb3" else "agentenv"
-    runs = run_dir / "warm" if side == "agentenv-warm" else run_dir
-    worker_args = [worker, "--seed", str(seed), "--config", str(args.config)]
+    worker = WORKERS.get(side, "agentenv")
+    runs = run_dir / RUN_SUBDIRS.get(side, "")
+    config = args.jax_config if side == "agentenv-jax" else args.config
+    worker_args = [worker, "--seed", str(seed), "--config", str(config)]
     worker_args += ["--max-steps", str(args.max_steps), "--run-dir", str(runs)]
     worker_args += ["--torch-threads", str(args.torch_threads)]
+    worker_args += ["--rejax-eval-freq", str(args.rejax_eval_freq)]
     # The warm side shares one cache, filled before the first seed (`_fill_warm_cache`).
     cache = {CACHE_DIR_VARIABLE: str(run_dir / "warm-cache")} if side == "agentenv-warm" else None
     return run_worker(
@@ -243,9 +387,19 @@ def _breakdown(side: str, run: dict[str, Any]) -> str:
         return f"learner {run['learner_wall_s']:.1f}"
     if side == "sb3":
         return f"{run['start_s']:.1f}+{run['setup_s']:.1f}+{run['learn_s']:.1f}"
+    if side == "rejax":
+        parts = (run["start_s"], run["setup_s"], run["compile_s"], run["train_s"])
+        return "+".join(f"{part:.1f}" for part in parts)
     training = run["summary_wall_s"] - run["compile_s"]
     other = run["train_call_s"] - training - run["compile_s"]
     return f"{run['start_s']:.1f}+{other:.1f}+{run['compile_s']:.1f}+{training:.1f}"
+
+
+def _ratio(value: float, reference: float, width: int, goal: float | None) -> str:
+    """One ratio cell, ` ratio verdict`: ok/MISS against `goal`, blank without one."""
+    ratio = value / reference
+    verdict = "" if goal is None else ("ok" if ratio <= goal else "MISS")
+    return f" {ratio:{width}.2f} {verdict:>4}"
 
 
 def print_report(runs: dict[str, list[dict[str, Any]]], seeds: list[int]) -> None:
@@ -254,11 +408,15 @@ def print_report(runs: dict[str, list[dict[str, Any]]], seeds: list[int]) -> Non
         "agentenv-warm": "agentenv 1 process, warm cache",
         "agentenv-mpi": "agentenv mpiexec -n 3, cold cache",
         "sb3": "stable-baselines3",
+        "agentenv-jax": "agentenv JAX envs, cold cache",
+        "rejax": "rejax PPO (gymnax), cold",
     }
     print(
         "per seed: seconds from launch / env steps to a mean return >= 475 over the last 20 "
-        "episodes;\nbeside it where the seconds went: agentenv start+imports + construction "
-        "and saving + compiling + training; sb3 start+imports + PPO() + learn()"
+        "episodes (rejax: over an evaluation's 128);\nbeside it where the seconds went: "
+        "agentenv start+imports + construction and saving + compiling + training; sb3 "
+        "start+imports + PPO() + learn(); rejax start+imports + PPO.create() + compiling + "
+        "training to the solving evaluation"
     )
     header = f"{'side':<36}" + "".join(f" | {'seed ' + str(s):>17}" for s in seeds)
     print(header)
@@ -273,45 +431,71 @@ def print_report(runs: dict[str, list[dict[str, Any]]], seeds: list[int]) -> Non
         print(f"{'':<36}" + "".join(f" | {_breakdown(side, r):>17}" for r in side_runs))
 
     print()
+    medians = {
+        side: (
+            median([time_to_solve(r) for r in side_runs]),
+            median([steps_to_solve(r) for r in side_runs]),
+        )
+        for side, side_runs in runs.items()
+    }
+    jax_pair = "agentenv-jax" in runs and "rejax" in runs
     header = (
         f"{'side':<36} | {'solved':>6} | {'median s':>8} {'median steps':>12} | "
         f"{'time/sb3':>8} {'goal':>4} | {'steps/sb3':>9} {'goal':>4}"
     )
+    if jax_pair:
+        header += f" | {'time/rejax':>10} {'goal':>4} | {'steps/rejax':>11}"
     print(header)
     print("-" * len(header))
-    sb3 = runs.get("sb3")
-    sb3_time = median([time_to_solve(r) for r in sb3]) if sb3 else math.nan
-    sb3_steps = median([steps_to_solve(r) for r in sb3]) if sb3 else math.nan
     for side, side_runs in runs.items():
-        med_time = median([time_to_solve(r) for r in side_runs])
-        med_steps = median([steps_to_solve(r) for r in side_runs])
+        med_time, med_steps = medians[side]
         solved = sum(r["solved"] for r in side_runs)
         line = (
             f"{labels[side]:<36} | {solved:>2}/{len(side_runs):<3} | "
             f"{format_solved(med_time, '8.1f'):>8} {format_solved(med_steps, ',.0f'):>12} |"
         )
-        if side != "sb3" and sb3:
-            time_ratio, steps_ratio = med_time / sb3_time, med_steps / sb3_steps
-            time_ok = time_ratio <= TIME_GOALS.get(side, 0.5)
-            line += (
-                f" {time_ratio:8.2f} {'ok' if time_ok else 'MISS':>4} |"
-                f" {steps_ratio:9.2f} {'ok' if steps_ratio <= STEPS_GOAL else 'MISS':>4}"
-            )
-        print(line)
+        if side != "sb3" and "sb3" in runs:
+            sb3_time, sb3_steps = medians["sb3"]
+            reference = side in REFERENCES
+            line += _ratio(med_time, sb3_time, 8, None if reference else TIME_GOALS.get(side, 0.5))
+            line += " |" + _ratio(med_steps, sb3_steps, 9, None if reference else STEPS_GOAL)
+        else:
+            line += " " * 31
+        if jax_pair and side == "agentenv-jax":
+            rejax_time, rejax_steps = medians["rejax"]
+            line += " |" + _ratio(med_time, rejax_time, 10, JAX_PAIR_TIME_GOAL)
+            line += " |" + _ratio(med_steps, rejax_steps, 11, None)
+        print(line.rstrip())
 
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2], help="seeds to run")
     parser.add_argument(
-        "--sides", nargs="+", default=list(SIDES), choices=SIDES, help="what to compare"
+        "--sides",
+        nargs="+",
+        default=list(SIDES),
+        choices=SIDES,
+        help="what to compare (default: every side; rejax is skipped when not installed)",
     )
     parser.add_argument("--config", type=Path, default=DEFAULT_CONFIG, help="agentenv YAML")
+    parser.add_argument(
+        "--jax-config",
+        type=Path,
+        default=DEFAULT_JAX_CONFIG,
+        help="agentenv YAML of the agentenv-jax side (env.backend: jax)",
+    )
     parser.add_argument(
         "--max-steps",
         type=int,
         default=200_000,
-        help="env-step budget (also the horizon of the lr/clip schedules on both sides)",
+        help="env-step budget (also the horizon of the lr/clip schedules)",
+    )
+    parser.add_argument(
+        "--rejax-eval-freq",
+        type=int,
+        default=2048,
+        help="env steps between rejax's evaluations (128 episodes each), which time its solve",
     )
     parser.add_argument("--mpi-ranks", type=int, default=3, help="ranks of the MPI side")
     parser.add_argument(
@@ -323,35 +507,26 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--timeout", type=float, default=900.0, help="limit per run (s)")
     parser.add_argument("--keep-runs", type=Path, help="keep agentenv run dirs in this folder")
     parser.add_argument("--json", type=Path, help="also write every run's numbers to this file")
-    parser.add_argument("--worker", choices=["agentenv", "sb3"], help=argparse.SUPPRESS)
+    parser.add_argument("--worker", choices=["agentenv", "sb3", "rejax"], help=argparse.SUPPRESS)
     parser.add_argument("--seed", type=int, default=0, help=argparse.SUPPRESS)
     parser.add_argument("--run-dir", type=Path, help=argparse.SUPPRESS)
     parser.add_argument("--launched-at", type=float, help=argparse.SUPPRESS)
     return parser
 
 
-def _versions() -> str:
-    import jax
-
-    text = f"python {sys.version.split()[0]}, jax {jax.__version__}"
+def _torch_threads() -> str:
     try:
-        import stable_baselines3
         import torch
-
-        text += (
-            f", torch {torch.__version__} (default {torch.get_num_threads()} intra-op threads), "
-            f"stable-baselines3 {stable_baselines3.__version__}"
-        )
     except ImportError:
-        text += ", stable-baselines3/torch not installed"
-    return text
+        return "torch not installed"
+    return f"torch's default: {torch.get_num_threads()} intra-op threads"
 
 
 def main() -> None:
     args = _parser().parse_args()
     if args.worker:
-        worker = agentenv_worker if args.worker == "agentenv" else sb3_worker
-        print(RESULT_PREFIX + json.dumps(worker(args)), flush=True)
+        workers = {"agentenv": agentenv_worker, "sb3": sb3_worker, "rejax": rejax_worker}
+        print(RESULT_PREFIX + json.dumps(workers[args.worker](args)), flush=True)
         return
     if "sb3" in args.sides:
         try:
@@ -362,8 +537,14 @@ def main() -> None:
                 f"the sb3 side needs torch and stable-baselines3 ({err}): pip install -e "
                 "'.[bench]', or run with --sides agentenv agentenv-mpi"
             ) from None
+    if "rejax" in args.sides and importlib.util.find_spec("rejax") is None:
+        print("note: rejax is not installed (pip install rejax==0.1.3): skipping the rejax side")
+        args.sides = [side for side in args.sides if side != "rejax"]
+        if not args.sides:
+            raise SystemExit("no side left to run")
     print(f"time to solve CartPole-v1 (mean of last {RETURN_WINDOW} returns >= {TARGET_RETURN})")
-    print(f"{os.cpu_count()} CPUs, {_versions()}; budget {args.max_steps:,} env steps\n")
+    print(provenance("torch", "stable-baselines3", "gymnax", "rejax", "distrax", "tfp-nightly"))
+    print(f"{_torch_threads()}; budget {args.max_steps:,} env steps\n")
 
     def run_side(side: str, seed: int, run_root: Path) -> dict[str, Any]:
         if side == "agentenv-mpi":

@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 from common import (
     add_mpi_job_arguments,
-    mpi_software,
+    provenance,
     run_rank_or_abort,
     run_script_under_mpiexec,
     worker_args,
@@ -246,7 +246,7 @@ def main() -> None:
     if args.worker:
         run_rank_or_abort(lambda: worker(args))
         return
-    print(f"transport efficiency: mpiexec -n 2 on {mpi_software()}")
+    print(f"transport efficiency: mpiexec -n 2\n{provenance()}")
     print(
         f"{args.rounds} rounds of ~{args.seconds:g} s per side; ratio = transport / raw "
         f"Send-Recv bytes/s, median over rounds (goal >= {GOAL})\n"
