@@ -24,8 +24,11 @@ class CompiledAhead:
     def __init__(self, jitted: Any, *abstract_args: Any, name: str = "update"):
         self._compiled: Callable[..., Any] | None = None
         self._error: BaseException | None = None
+        # Not a daemon: a process that ends before its first update (a start-up error on
+        # another rank, say) waits for the compile at exit; tearing the interpreter down under
+        # a running XLA compile aborts the process ("terminate called ...").
         self._thread: threading.Thread | None = threading.Thread(
-            target=self._compile, args=(jitted, abstract_args), name=f"compile-{name}", daemon=True
+            target=self._compile, args=(jitted, abstract_args), name=f"compile-{name}"
         )
         self._thread.start()
 
