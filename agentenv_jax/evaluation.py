@@ -30,8 +30,11 @@ from agentenv_jax.envs.factory import (
     EnvError,
     EnvSpaces,
     describe_spaces,
+    make_vector_env,
     resolve_env_factory,
+    vector_env_spaces,
 )
+from agentenv_jax.envs.multi_agent.registry import is_multi_agent
 from agentenv_jax.metrics.compilation import use_persistent_cache
 
 EVAL_SEED_BASE = 2**30
@@ -163,6 +166,47 @@ def evaluation_env(config: ExperimentConfig, video_dir: Path | None, prefix: str
         raise ConfigError(f"--video: {err}; pip install 'agentenv_jax[video]'") from None
 
 
+def _noise(rng: np.random.Generator, spaces: EnvSpaces, rows: int) -> np.ndarray:
+    """Sampling noise `[rows, action_size]` float32: Gumbel (categorical) or Gaussian."""
+    if spaces.action_kind == "continuous":
+        return rng.standard_normal((rows, spaces.action_size)).astype(np.float32)
+    return rng.gumbel(size=(rows, spaces.action_size)).astype(np.float32)
+
+
+def _play_multi_agent_episodes(
+    config: ExperimentConfig,
+    meta: dict[str, Any],
+    state: Any,
+    seeds: list[int],
+    deterministic: bool,
+    seed: int,
+) -> tuple[list[float], list[int]]:
+    """One multi-agent env's episodes on `seeds`, every agent acting with the run's policy:
+    each episode's team return (rewards summed over agents and steps) and length in env
+    steps."""
+    env = make_vector_env(config.env, 1, config.network.critic)
+    try:
+        spaces = vector_env_spaces(config.env.id, env)
+        observe = _observe_fn(config, meta, spaces)
+        act = _act_fn(config, spaces, state, deterministic)
+        rng = np.random.default_rng([seed, 7])
+        returns, lengths = [], []
+        for episode_seed in seeds:
+            obs, _ = env.reset(seed=episode_seed)
+            total, steps, ended = 0.0, 0, False
+            while not ended:
+                action = np.asarray(act(observe(obs), _noise(rng, spaces, env.num_envs)))
+                obs, reward, _, _, info = env.step(action)
+                total += float(np.sum(reward))
+                steps += 1
+                ended = "final_obs" in info  # the env's episode ended (and auto-reset)
+            returns.append(total)
+            lengths.append(steps)
+    finally:
+        env.close()
+    return returns, lengths
+
+
 def evaluate(
     run_dir: str | Path,
     episodes: int = 10,
@@ -201,6 +245,13 @@ def evaluate(
 
         returns, lengths = play_jax_episodes(config, state["params"], seeds, deterministic)
         return Evaluation(run_dir, int(step), deterministic, tuple(returns), tuple(lengths))
+    if is_multi_agent(config.env.id):
+        if video_dir is not None:
+            raise ConfigError("--video is not supported for multi-agent envs: evaluate without it")
+        returns, lengths = _play_multi_agent_episodes(
+            config, meta, state, seeds, deterministic, seed
+        )
+        return Evaluation(run_dir, int(step), deterministic, tuple(returns), tuple(lengths))
     prefix = f"eval-update{step}"
     env = evaluation_env(config, None if video_dir is None else Path(video_dir), prefix)
     try:
@@ -208,19 +259,13 @@ def evaluate(
         observe = _observe_fn(config, meta, spaces)
         act = _act_fn(config, spaces, state, deterministic)
         rng = np.random.default_rng([seed, 7])
-        noise_size = spaces.action_size
         returns, lengths = [], []
         for episode in range(episodes):
             obs, _ = env.reset(seed=seeds[episode])
             total, steps, done = 0.0, 0, False
             while not done:
                 batch = observe(np.asarray(obs, np.float32)[None])
-                noise = (
-                    rng.gumbel(size=(1, noise_size))
-                    if spaces.action_kind != "continuous"
-                    else rng.standard_normal((1, noise_size))
-                ).astype(np.float32)
-                action = np.asarray(act(batch, noise))[0]
+                action = np.asarray(act(batch, _noise(rng, spaces, 1)))[0]
                 if spaces.action_kind == "discrete":
                     action = int(action)
                 obs, reward, terminated, truncated, _ = env.step(action)

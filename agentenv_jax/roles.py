@@ -48,6 +48,17 @@ def check_spaces_fit(config: ExperimentConfig, spaces: EnvSpaces, action_space: 
     from agentenv_jax.networks.torsos import resolve_torso
 
     env_id = config.env.id
+    if spaces.agents > 1 and config.algorithm.name != "ppo":
+        raise EnvError(
+            f"env.id = {env_id!r} is a multi-agent env ({spaces.agents} agents): "
+            f"algorithm.name = {config.algorithm.name!r} is not supported for it; use 'ppo' "
+            "(MAPPO with network.critic = 'centralised', IPPO with 'independent')"
+        )
+    if config.network.policies == "per_group" and spaces.agents == 1:
+        raise EnvError(
+            f"network.policies = 'per_group' needs a multi-agent env; env.id = {env_id!r} has "
+            "one agent (use 'shared')"
+        )
     if config.algorithm.name == "sac" and spaces.action_kind != "continuous":
         raise EnvError(
             f"env.id = {env_id!r} has action space {action_space}: algorithm.name = 'sac' "
@@ -70,15 +81,13 @@ def check_spaces_fit(config: ExperimentConfig, spaces: EnvSpaces, action_space: 
 
 
 def prepare_env_rank(config: ExperimentConfig, topology: Topology):
-    from agentenv_jax.envs.factory import check_first_reset, describe_spaces, make_vector_env
+    from agentenv_jax.envs.factory import check_first_reset, make_vector_env, vector_env_spaces
 
     index = topology.env_rank_index
-    vector_env = make_vector_env(config.env, topology.local_num_envs[index])
+    vector_env = make_vector_env(config.env, topology.local_num_envs[index], config.network.critic)
     try:
         check_first_reset(vector_env, config.env)
-        spaces = describe_spaces(
-            config.env.id, vector_env.single_observation_space, vector_env.single_action_space
-        )
+        spaces = vector_env_spaces(config.env.id, vector_env)
         check_spaces_fit(config, spaces, vector_env.single_action_space)
     except Exception:
         vector_env.close()
@@ -118,6 +127,14 @@ def uses_numpy_inference(config: ExperimentConfig, spaces: EnvSpaces, layout: An
             "topology.env_rank_inference = 'numpy' is not allowed with a CNN torso "
             f"(network.torso = {config.network.torso!r}): expected 'jit' or 'auto'"
         )
+    grouped = config.network.policies == "per_group" and len(spaces.group_names) > 1
+    if choice == "numpy" and grouped:
+        raise EnvError(
+            "topology.env_rank_inference = 'numpy' is not allowed with network.policies = "
+            "'per_group' (one network per agent group): expected 'jit' or 'auto'"
+        )
+    if grouped:
+        return False
     if choice != "auto":
         return choice == "numpy"
     if not mlp:
@@ -221,7 +238,7 @@ def on_policy_plan(config: ExperimentConfig, topology: Topology, spaces) -> Role
     network = actor_critic_network(config, spaces)
     num_params = network[2].num_params
     segment_specs = [
-        on_policy_segment_spec(spaces, config.algorithm.rollout_length, n)
+        on_policy_segment_spec(spaces, config.algorithm.rollout_length, n * spaces.agents)
         for n in topology.local_num_envs
     ]
     param_spec = param_message_spec(num_params, spaces.normalizer_dim)

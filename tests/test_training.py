@@ -13,6 +13,7 @@ import yaml
 
 from agentenv_jax.buffers.segment_queue import on_policy_segment_spec
 from agentenv_jax.config import load_config
+from agentenv_jax.envs.multi_agent.registry import is_multi_agent, make_multi_agent_env
 from agentenv_jax.evaluation import evaluate
 from agentenv_jax.launch import train
 from agentenv_jax.metrics.logger import read_metrics
@@ -294,7 +295,12 @@ def test_every_experiment_runs_with_a_tiny_budget(path, run_dir):
     # Its final checkpoint plays: the episodes end where the env's time limit says, at most.
     evaluation = evaluate(result.run_dir, episodes=2)
     assert evaluation.checkpoint == result.updates and len(evaluation.returns) == 2
-    limit = gym.spec(config.env.id).max_episode_steps or math.inf  # Catch ends when a ball lands
+    if is_multi_agent(config.env.id):  # lengths in env steps, up to the env's horizon
+        env = make_multi_agent_env(config.env.id, 1, config.env.kwargs, None)
+        limit = env.max_episode_steps
+        env.close()
+    else:
+        limit = gym.spec(config.env.id).max_episode_steps or math.inf  # Catch: when a ball lands
     assert all(1 <= n <= limit for n in evaluation.lengths)
     assert all(math.isfinite(r) for r in evaluation.returns)
     if config.env.id == "CartPole-v1":  # one update: far from holding the pole up

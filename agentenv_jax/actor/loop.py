@@ -19,6 +19,7 @@ from agentenv_jax.buffers.segment_queue import ACTOR_TIMERS, SegmentQueue
 from agentenv_jax.envs import normalization as norm
 from agentenv_jax.envs.factory import EnvSpaces, autoreset_mode
 from agentenv_jax.envs.faults import fault_mask
+from agentenv_jax.envs.multi_agent.columns import ACTED
 from agentenv_jax.transport.base import ActorChannel, TransportError
 from agentenv_jax.transport.spec import MessageSpec
 
@@ -252,6 +253,11 @@ class Actor:
             elif self._pending_reset is not None:
                 fields["valid"][t] = ~self._pending_reset
                 self._pending_reset = None
+            acted = info.get(ACTED)
+            if acted is not None and not acted.all():
+                # Multi-agent columns whose agent did not act (finished early, or absent from
+                # the episode) are padding: no loss, advantage statistics or entropy.
+                fields["valid"][t] &= acted
             self._obs = next_obs
         self._write_rewards(fields, scaled_from, self._rollout_length)
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 import flax.struct
 import jax
@@ -103,16 +103,26 @@ def approx_kl(log_ratio: jax.Array, mask: jax.Array) -> jax.Array:
     return masked_mean(jnp.expm1(log_ratio) - log_ratio, mask)
 
 
+class RowGroups(NamedTuple):
+    """Agent groups of a multi-agent rollout, for per-group loss metrics: their names, and
+    `of(obs [N, ...]) -> [N]` int, each row's group index."""
+
+    names: tuple[str, ...]
+    of: Callable[[jax.Array], jax.Array]
+
+
 def make_ppo_loss(
     apply_fn: Callable[[Params, jax.Array], tuple[jax.Array, jax.Array]],
     distribution: ActionDistribution,
     hp: PPOHyperparams,
+    groups: RowGroups | None = None,
 ) -> Callable[[Params, Batch, jax.Array], tuple[jax.Array, dict[str, jax.Array]]]:
     """The PPO loss of one minibatch of flat transitions.
 
     The minibatch holds `obs [N, ...]`, `action [N, ...]`, `log_prob [N]`, `value [N]`,
     `advantage [N]`, `return [N]` and `valid [N]` (0 for padding rows some vector envs emit on
-    auto-reset).
+    auto-reset). With `groups`, the metrics also hold each agent group's policy and value loss
+    and entropy (`loss/policy/<group>`, ...), over its rows; the loss itself is unchanged.
     """
 
     def loss_fn(params: Params, mb: Batch, clip_eps: jax.Array):
@@ -136,6 +146,18 @@ def make_ppo_loss(
             "approx_kl": approx_kl(log_ratio, mb["valid"]),
             "clip_fraction": clip_fraction,
         }
+        if groups is not None:
+            row_group = groups.of(mb["obs"])
+            entropies = distribution.entropy(head)
+            for index, name in enumerate(groups.names):
+                mask = mb["valid"] * (row_group == index)
+                metrics[f"loss/policy/{name}"] = clipped_surrogate_loss(
+                    log_ratio, advantages, clip_eps, mask
+                )[0]
+                metrics[f"loss/value/{name}"] = value_loss(
+                    values, mb["value"], mb["return"], hp.value_clip_eps, mask
+                )
+                metrics[f"loss/entropy/{name}"] = masked_mean(entropies, mask)
         return total, metrics
 
     return loss_fn
@@ -147,6 +169,7 @@ def make_ppo_update(
     optimizer: optax.GradientTransformation,
     hp: PPOHyperparams,
     constrain_rows: Callable[[jax.Array], jax.Array] = lambda x: x,
+    groups: RowGroups | None = None,
 ) -> Callable[[TrainState, Batch], tuple[TrainState, dict[str, jax.Array]]]:
     """Return `update(state, rollout) -> (state, metrics)`, one PPO update.
 
@@ -154,9 +177,10 @@ def make_ppo_update(
     `value`, `bootstrap_value` (float32 `[T, B]`), `terminated`, `truncated`, `valid`
     (`[T, B]`, any numeric dtype) and `last_value [B]`. `constrain_rows` is applied to every
     array whose leading axis is the transition axis (identity on one device; on a mesh, a
-    sharding constraint along the batch axis).
+    sharding constraint along the batch axis). `groups`: per-group loss metrics
+    (`make_ppo_loss`).
     """
-    loss_fn = make_ppo_loss(apply_fn, distribution, hp)
+    loss_fn = make_ppo_loss(apply_fn, distribution, hp, groups)
     grad_fn = jax.grad(loss_fn, has_aux=True)
 
     def update(state: TrainState, rollout: Batch) -> tuple[TrainState, dict[str, jax.Array]]:

@@ -21,6 +21,8 @@ Schedule = Literal["constant", "linear"]
 FaultPolicy = Literal["recreate", "fail"]
 EnvRankInference = Literal["auto", "jit", "numpy"]
 Torso = Literal["auto", "mlp", "nature_cnn", "impala_cnn"]
+CriticInput = Literal["centralised", "independent"]
+PolicySharing = Literal["shared", "per_group"]
 
 
 def _require(condition: bool, field_path: str, value: Any, allowed: str) -> None:
@@ -77,6 +79,12 @@ class NetworkConfig:
     critic_hidden: tuple[int, ...] = (64, 64)  # hidden layer widths of the value MLP
     activation: Activation = "tanh"  # MLP nonlinearity (the CNN torsos use relu)
     log_std_init: float = 0.0  # initial log standard deviation of Gaussian (Box) action heads
+    # MAPPO's critic also sees the env's global state (else every agent's observation); IPPO's
+    # sees what the policy sees: the agent's own observation and id.
+    critic: CriticInput = "centralised"  # multi-agent envs: centralised (MAPPO) or independent
+    # Agent groups are agents named `<group>_<index>` (PettingZoo's convention): predators and
+    # prey, say. per_group gives each group its own actor and critic parameters.
+    policies: PolicySharing = "shared"  # multi-agent envs: one policy for all, or one per group
 
     def validate(self, prefix: str) -> None:
         for name in ("actor_hidden", "critic_hidden"):

@@ -9,6 +9,7 @@ An env is named by a registered Gymnasium id (`CartPole-v1`) or by an entry poin
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import functools
 import importlib
@@ -18,8 +19,14 @@ from typing import Any
 import gymnasium as gym
 from gymnasium.vector import AutoresetMode
 
-from agentenv_jax.config.schema import EnvConfig
+from agentenv_jax.config.schema import CriticInput, EnvConfig
 from agentenv_jax.envs.faults import RecreateOnFault
+from agentenv_jax.envs.multi_agent.columns import AgentColumns
+from agentenv_jax.envs.multi_agent.registry import (
+    close_built_in_id,
+    is_multi_agent,
+    make_multi_agent_env,
+)
 from agentenv_jax.envs.observation_wrappers import needs_wrapping, wrap_observations
 from agentenv_jax.envs.spaces import EnvError, EnvSpaces, describe_spaces
 
@@ -31,6 +38,7 @@ __all__ = [
     "describe_spaces",
     "env_settings",
     "make_vector_env",
+    "vector_env_spaces",
     "resolve_env_factory",
 ]
 
@@ -76,7 +84,8 @@ def _resolve_unwrapped(config: EnvConfig) -> Callable[[], gym.Env]:
 
         return make_from_entry_point
     if env_id not in gym.registry:
-        close = difflib.get_close_matches(env_id, _registered_ids(), n=1, cutoff=0.6)
+        close = [close_built_in_id(env_id)] if close_built_in_id(env_id) else []
+        close = close or difflib.get_close_matches(env_id, _registered_ids(), n=1, cutoff=0.6)
         hint = f" (did you mean {close[0]!r}?)" if close else ""
         raise EnvError(
             f"env.id = {env_id!r} is not a registered Gymnasium environment{hint}; "
@@ -85,8 +94,17 @@ def _resolve_unwrapped(config: EnvConfig) -> Callable[[], gym.Env]:
     return lambda: gym.make(env_id, **kwargs)
 
 
-def make_vector_env(config: EnvConfig, local_num_envs: int) -> gym.vector.VectorEnv:
-    """The vector env of one env rank. Its autoreset mode is SAME_STEP, or NEXT_STEP (native)."""
+def make_vector_env(
+    config: EnvConfig, local_num_envs: int, critic: CriticInput = "centralised"
+) -> gym.vector.VectorEnv:
+    """The vector env of one env rank. Its autoreset mode is SAME_STEP, or NEXT_STEP (native).
+    A multi-agent env (`envs.multi_agent.registry`) comes as its agent columns, with the
+    critic's part of the observation that `critic` asks for."""
+    if is_multi_agent(config.id):
+        env = make_multi_agent_env(
+            config.id, local_num_envs, config.kwargs, config.max_episode_steps
+        )
+        return AgentColumns(env, critic)
     if config.vectorization == "native":
         if ":" in config.id and config.id not in gym.registry:
             raise EnvError(
@@ -141,6 +159,23 @@ def make_vector_env(config: EnvConfig, local_num_envs: int) -> gym.vector.Vector
         raise EnvError(
             f"env.id = {config.id!r}: making the env failed: {type(err).__name__}: {err}"
         ) from err
+
+
+def vector_env_spaces(env_id: str, vector_env: gym.vector.VectorEnv) -> EnvSpaces:
+    """The spaces of one env of `vector_env` as they travel (`describe_spaces`), with a
+    multi-agent env's agents, agent groups and the policy's part of the observation."""
+    spaces = describe_spaces(
+        env_id, vector_env.single_observation_space, vector_env.single_action_space
+    )
+    if not isinstance(vector_env, AgentColumns):
+        return spaces
+    return dataclasses.replace(
+        spaces,
+        agents=vector_env.agents_per_env,
+        actor_obs_dim=vector_env.actor_obs_dim if vector_env.critic_dim else None,
+        agent_groups=vector_env.agent_groups,
+        group_names=vector_env.group_names,
+    )
 
 
 def env_settings(config: EnvConfig) -> str:

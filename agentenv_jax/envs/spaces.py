@@ -54,6 +54,17 @@ class EnvSpaces:
     action_high: tuple[float, ...] | None
     obs_dtype: str = "float32"  # "uint8" for images, which travel as bytes end to end
     action_nvec: tuple[int, ...] = ()  # sub-action counts of MultiDiscrete (MultiBinary: 2s)
+    # Multi-agent envs (`envs.multi_agent`): agents per env, each a column of the env axis, and
+    # how many leading observation entries the policy sees (the rest only the critic; None: all).
+    agents: int = 1
+    actor_obs_dim: int | None = None
+    agent_groups: tuple[int, ...] = ()  # each agent's group index (empty: one group)
+    group_names: tuple[str, ...] = ()
+
+    @property
+    def agent_id_at(self) -> int:
+        """Where a multi-agent column's one-hot agent id starts in its observation."""
+        return (self.actor_obs_dim or self.obs_dim) - self.agents
 
     @property
     def obs_dim(self) -> int:

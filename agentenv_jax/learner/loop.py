@@ -6,7 +6,6 @@ The maths is in `algorithms.ppo`; data placement in `parallel.mesh`; this module
 
 from __future__ import annotations
 
-import collections
 import math
 import time
 from collections.abc import Callable
@@ -21,6 +20,7 @@ from jax.sharding import Mesh
 from agentenv_jax.algorithms.impala import IMPALAHyperparams, make_impala_update
 from agentenv_jax.algorithms.ppo import (
     PPOHyperparams,
+    RowGroups,
     TrainState,
     make_optimizer,
     make_ppo_update,
@@ -32,6 +32,7 @@ from agentenv_jax.envs.factory import EnvSpaces
 from agentenv_jax.learner.ahead_of_time import CompiledAhead
 from agentenv_jax.learner.guards import check_finite
 from agentenv_jax.metrics.accounting import Accounting, reconcile
+from agentenv_jax.metrics.episode_window import EpisodeWindow
 from agentenv_jax.metrics.logger import (
     MetricsWriter,
     ProgressLine,
@@ -46,6 +47,7 @@ from agentenv_jax.networks import (
 )
 from agentenv_jax.networks.actor_critic import actor_critic_param_shapes
 from agentenv_jax.networks.flat_params import FlatLayout
+from agentenv_jax.networks.grouped import row_groups
 from agentenv_jax.parallel.mesh import (
     env_axis_sharding,
     make_mesh,
@@ -71,15 +73,16 @@ ROLLOUT_FIELDS = (
 ROLLOUT_LAST_FIELDS = ("last_value", "last_obs")
 
 
-def num_updates(config: ExperimentConfig) -> int:
-    """Updates in a run: enough synchronous rollouts to cover `run.total_env_steps`."""
-    per_update = config.algorithm.rollout_length * config.env.global_num_envs
+def num_updates(config: ExperimentConfig, agents_per_env: int = 1) -> int:
+    """Updates in a run: enough synchronous rollouts to cover `run.total_env_steps` (in a
+    multi-agent env, steps of its `agents_per_env` agents)."""
+    per_update = config.algorithm.rollout_length * config.env.global_num_envs * agents_per_env
     return math.ceil(config.run.total_env_steps / per_update)
 
 
-def minibatch_size(config: ExperimentConfig) -> int:
+def minibatch_size(config: ExperimentConfig, agents_per_env: int = 1) -> int:
     """Rows per gradient step (the whole rollout for IMPALA)."""
-    rows = config.algorithm.rollout_length * config.env.global_num_envs
+    rows = config.algorithm.rollout_length * config.env.global_num_envs * agents_per_env
     return rows // getattr(config.algorithm, "num_minibatches", 1)
 
 
@@ -89,8 +92,10 @@ def make_on_policy_update(
     distribution: ActionDistribution,
     total_updates: int,
     constrain_rows: Callable[[jax.Array], jax.Array],
+    groups: RowGroups | None = None,
 ) -> tuple[Callable, optax.GradientTransformation]:
-    """The pure update of the configured on-policy algorithm (PPO or IMPALA) and its optimizer."""
+    """The pure update of the configured on-policy algorithm (PPO or IMPALA) and its optimizer;
+    `groups`: a multi-agent env's agent groups, for PPO's per-group loss metrics."""
     algo = config.algorithm
     gradient_steps = total_updates * (
         algo.num_epochs * algo.num_minibatches if isinstance(algo, PPOConfig) else 1
@@ -126,8 +131,18 @@ def make_on_policy_update(
         normalize_advantages=algo.normalize_advantages,
         num_updates=total_updates,
     )
-    update = make_ppo_update(apply_fn, distribution, optimizer, hp, constrain_rows=constrain_rows)
+    update = make_ppo_update(
+        apply_fn, distribution, optimizer, hp, constrain_rows=constrain_rows, groups=groups
+    )
     return update, optimizer
+
+
+def agent_row_groups(spaces: EnvSpaces) -> RowGroups | None:
+    """A multi-agent env's agent groups, when it has more than one."""
+    if len(spaces.group_names) < 2:
+        return None
+    obs_ndim, id_at, agent_groups = len(spaces.obs_shape), spaces.agent_id_at, spaces.agent_groups
+    return RowGroups(spaces.group_names, lambda obs: row_groups(obs, obs_ndim, id_at, agent_groups))
 
 
 def rollout_shapes(segment_specs: list[MessageSpec]) -> dict[str, jax.ShapeDtypeStruct]:
@@ -188,7 +203,7 @@ class Learner:
         self._param_spec = param_spec
         self._writer = writer
         self._progress = progress
-        self.num_updates = num_updates(config)
+        self.num_updates = num_updates(config, spaces.agents)
 
         module, apply_fn = actor_critic_for(config.network, spaces)
         self.mesh = make_mesh(num_devices)
@@ -198,6 +213,7 @@ class Learner:
             action_distribution(spaces.action_kind, spaces.action_nvec),
             self.num_updates,
             row_constraint(self.mesh),
+            agent_row_groups(spaces),
         )
 
         def train_state(params: Any, key: jax.Array) -> TrainState:
@@ -226,8 +242,7 @@ class Learner:
         self._obs_stats = norm.empty_stats(spaces.normalizer_dim)
         self._return_stats = norm.empty_stats(1)
         self._param_message = param_spec.allocate()
-        self._returns: collections.deque[float] = collections.deque(maxlen=config.run.return_window)
-        self._lengths: collections.deque[int] = collections.deque(maxlen=config.run.return_window)
+        self._episodes = EpisodeWindow(config.run.return_window, spaces.agents)
         self.episodes = 0
         self._env_faults: list[int] = []
         # What earlier sessions of this run (before a resume) accounted for.
@@ -267,7 +282,8 @@ class Learner:
 
     @property
     def episode_return_mean(self) -> float:
-        return float(np.mean(self._returns)) if self._returns else float("nan")
+        """The mean return of the episode window; in a multi-agent env, the team return."""
+        return self._episodes.return_mean
 
     def params(self) -> Any:
         """The current parameters as a host pytree."""
@@ -284,8 +300,7 @@ class Learner:
             "trained": self.env_steps,
             "accounting": so_far.counts(),
             "episodes": self.episodes,
-            "returns": list(self._returns),
-            "lengths": list(self._lengths),
+            **self._episodes.state(),
             "obs_stats": norm.stats_to_flat(self._obs_stats).tolist(),
             "return_stats": norm.stats_to_flat(self._return_stats).tolist(),
         }
@@ -299,8 +314,7 @@ class Learner:
             if "accounting" in meta
             else Accounting.trained_so_far(int(meta["trained"]))
         )
-        self._returns.extend(meta["returns"])
-        self._lengths.extend(meta["lengths"])
+        self._episodes.load(meta)
         self._obs_stats = _merge_flat_stats(self._obs_stats, np.asarray(meta["obs_stats"]))
         self._return_stats = _merge_flat_stats(self._return_stats, np.asarray(meta["return_stats"]))
         self.done = self.updates >= self.num_updates
@@ -336,10 +350,7 @@ class Learner:
         for s in segments:
             self._obs_stats = _merge_flat_stats(self._obs_stats, s["obs_stats"])
             self._return_stats = _merge_flat_stats(self._return_stats, s["return_stats"])
-            ended = s["episode_length"] > 0
-            self._returns.extend(s["episode_return"][ended].tolist())
-            self._lengths.extend(s["episode_length"][ended].tolist())
-            self.episodes += int(ended.sum())
+            self.episodes += self._episodes.add(s["episode_return"], s["episode_length"])
             self.received += int(s["valid"].sum())
         self._channel.release_round()
         valid = rollout["valid"].astype(bool)
@@ -354,7 +365,8 @@ class Learner:
         check_finite(self.updates, metrics)
 
         record = {
-            **progress_fields(self, self._start_time, self._lengths),
+            **progress_fields(self, self._start_time, self._episodes.lengths),
+            **self._agent_returns(),
             "policy_lag_mean": float(lag.mean()) if lag.size else 0.0,
             "policy_lag_max": int(lag.max()) if lag.size else 0,
             "policy_lag_hist": np.bincount(lag).tolist() if lag.size else [],
@@ -370,7 +382,7 @@ class Learner:
         self.last_record = record
         self.done = self.updates >= self.num_updates or (
             self.config.run.stop_at_return is not None
-            and len(self._returns) == self.config.run.return_window
+            and self._episodes.full
             and self.episode_return_mean >= self.config.run.stop_at_return
         )
         if not self.done:
@@ -380,6 +392,12 @@ class Learner:
         if self._progress is not None:
             self._progress.update(record, force=self.done)
         return record
+
+    def _agent_returns(self) -> dict[str, float]:
+        """Multi-agent envs: the mean agent return beside the team return."""
+        if self._episodes.agents == 1:
+            return {}
+        return {"agent_return_mean": self._episodes.agent_return_mean}
 
     def request_stop(self) -> None:
         self._channel.request_stop()

@@ -7,6 +7,7 @@ flax.linen is used (rather than nnx) because the framework moves parameters as p
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -62,6 +63,9 @@ class ActorCritic(nn.Module):
     obs_ndim: int = 1  # rank of one observation; leading axes beyond it are batch axes
     torso: str = "mlp"  # "mlp" (actor_hidden/critic_hidden), or a CNN of `torsos.CNN_TORSOS`
     image_obs: bool = False
+    # Multi-agent centralised critics: the policy sees the first `actor_obs_dim` entries of a
+    # (flat) observation, the critic all of them (None: both see all).
+    actor_obs_dim: int | None = None
 
     def _policy_head(self, features: jax.Array) -> jax.Array:
         out = _dense(self.action_size, 0.01)(features)
@@ -82,7 +86,8 @@ class ActorCritic(nn.Module):
         x = obs.reshape(batch_shape + (-1,)).astype(jnp.float32)
         if self.image_obs:
             x = x / 255.0
-        actor = MLP(self.actor_hidden, self.activation, name="actor_torso")(x)
+        actor_x = x if self.actor_obs_dim is None else x[..., : self.actor_obs_dim]
+        actor = MLP(self.actor_hidden, self.activation, name="actor_torso")(actor_x)
         out = self._policy_head(actor)
         critic = MLP(self.critic_hidden, self.activation, name="critic_torso")(x)
         value = _dense(1, 1.0)(critic)[..., 0]
@@ -100,8 +105,10 @@ def make_actor_critic(
     *,
     torso: str = "mlp",
     image_obs: bool = False,
+    actor_obs_dim: int | None = None,
 ) -> tuple[ActorCritic, Callable[[Any, jax.Array], tuple[jax.Array, jax.Array]]]:
-    """The module and its pure `apply_fn(params, obs) -> (head, value)`."""
+    """The module and its pure `apply_fn(params, obs) -> (head, value)`; with `actor_obs_dim`
+    the policy sees only the first `actor_obs_dim` observation entries (`ActorCritic`)."""
     module = ActorCritic(
         action_kind,
         action_size,
@@ -112,6 +119,7 @@ def make_actor_critic(
         obs_ndim,
         torso,
         image_obs,
+        actor_obs_dim,
     )
 
     def apply_fn(params: Any, obs: jax.Array) -> tuple[jax.Array, jax.Array]:
@@ -139,8 +147,9 @@ def actor_critic_for(
     network: Any, spaces: Any
 ) -> tuple[ActorCritic, Callable[[Any, jax.Array], tuple[jax.Array, jax.Array]]]:
     """The actor-critic of an experiment: `network` is its `NetworkConfig`, `spaces` its
-    `EnvSpaces`. Learner and env ranks both build it here, so their parameters line up."""
-    return make_actor_critic(
+    `EnvSpaces`. Learner and env ranks both build it here, so their parameters line up. With
+    `network.policies: per_group` and several agent groups, one per group (`networks.grouped`)."""
+    module, apply_fn = make_actor_critic(
         spaces.action_kind,
         spaces.action_size,
         len(spaces.obs_shape),
@@ -150,4 +159,20 @@ def actor_critic_for(
         network.log_std_init,
         torso=resolve_torso(network.torso, spaces.is_image),
         image_obs=spaces.is_image,
+        actor_obs_dim=spaces.actor_obs_dim,
     )
+    if network.policies == "per_group" and len(spaces.group_names) > 1:
+        from agentenv_jax.networks.grouped import GroupedActorCritic
+
+        settings = tuple((f.name, getattr(module, f.name)) for f in dataclasses.fields(module))
+        grouped = GroupedActorCritic(
+            tuple(s for s in settings if s[0] not in ("parent", "name")),
+            spaces.agent_groups,
+            spaces.agent_id_at,
+        )
+
+        def grouped_apply(params: Any, obs: jax.Array) -> tuple[jax.Array, jax.Array]:
+            return grouped.apply({"params": params}, obs)
+
+        return grouped, grouped_apply
+    return module, apply_fn

@@ -60,7 +60,10 @@ def actor_critic_forward(
     x = obs.reshape(obs.shape[: obs.ndim - obs_ndim] + (-1,)).astype(np.float32)
     if image_obs:
         x = x / np.float32(255.0)
-    head = _dense(params["Dense_0"], _mlp(params["actor_torso"], x, activation))
+    # The policy's input: the first entries of the observation when the critic sees more
+    # (a multi-agent centralised critic), as many as its first kernel takes.
+    actor_x = x[..., : params["actor_torso"]["Dense_0"]["kernel"].shape[0]]
+    head = _dense(params["Dense_0"], _mlp(params["actor_torso"], actor_x, activation))
     if "log_std" in params:
         head = np.stack([head, np.broadcast_to(params["log_std"], head.shape)], axis=-2)
     value = _dense(params["Dense_1"], _mlp(params["critic_torso"], x, activation))[..., 0]
