@@ -128,12 +128,13 @@ def uses_numpy_inference(config: ExperimentConfig, spaces: EnvSpaces, layout: An
             f"(network.torso = {config.network.torso!r}): expected 'jit' or 'auto'"
         )
     grouped = config.network.policies == "per_group" and len(spaces.group_names) > 1
-    if choice == "numpy" and grouped:
+    if choice == "numpy" and (grouped or spaces.agent_action_counts):
         raise EnvError(
             "topology.env_rank_inference = 'numpy' is not allowed with network.policies = "
-            "'per_group' (one network per agent group): expected 'jit' or 'auto'"
+            "'per_group' (one network per agent group) or agents with different action counts: "
+            "expected 'jit' or 'auto'"
         )
-    if grouped:
+    if grouped or spaces.agent_action_counts:
         return False
     if choice != "auto":
         return choice == "numpy"

@@ -284,3 +284,38 @@ def test_predator_prey_trains_one_policy_per_group_with_per_group_losses(run_dir
     for name in ("predator", "prey"):
         assert all(math.isfinite(r[f"loss/policy/{name}"]) for r in records)
         assert all(r[f"loss/entropy/{name}"] > 0 for r in records)
+
+
+def test_agents_with_different_action_counts_never_choose_anothers_actions(run_dir):
+    # MPE's speaker-listener: the speaker has Discrete(3), the listener Discrete(5); one policy
+    # per agent (group), the speaker's logits beyond its 3 actions masked.
+    config = load_config(
+        EXPERIMENTS / "simple_spread_mappo.yaml",
+        [
+            f"run.run_dir={run_dir}",
+            "run.name=speaker",
+            "run.progress=false",
+            "env.id=pettingzoo/mpe2.simple_speaker_listener_v4",
+            "env.kwargs={continuous_actions: false, max_cycles: 25}",
+            "env.global_num_envs=4",
+            "network.policies=per_group",
+            "run.total_env_steps=4000",
+        ],
+    )
+    result = train(config)
+    records = [json.loads(line) for line in (result.run_dir / "metrics.jsonl").open()]
+    assert all(math.isfinite(r["loss/policy/speaker"]) for r in records)
+    assert all(math.isfinite(r["loss/policy/listener"]) for r in records)
+
+    from agentenv_jax.envs.factory import make_vector_env, vector_env_spaces
+    from agentenv_jax.networks import actor_critic_for
+
+    env = make_vector_env(config.env, 2, config.network.critic)
+    spaces = vector_env_spaces(config.env.id, env)
+    assert spaces.agent_action_counts == (3, 5) and spaces.action_size == 5
+    obs, _ = env.reset(seed=0)
+    env.close()
+    _, apply_fn = actor_critic_for(config.network, spaces)
+    head, _ = apply_fn(result.params, obs)
+    head = np.asarray(head)
+    assert np.all(head[0::2, 3:] <= -1e8) and np.all(head[1::2] > -1e8)  # speakers, listeners

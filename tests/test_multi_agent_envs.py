@@ -288,6 +288,14 @@ def test_pettingzoo_vector_env_horizon_may_only_shorten_the_envs_own():
         PettingZooVectorEnv(lambda: ParallelView(NavigationVectorEnv(1)), 1)
 
 
-def test_pettingzoo_vector_env_needs_one_action_space():
+def test_pettingzoo_agents_need_one_action_space_or_discrete_ones():
+    discrete = PettingZooVectorEnv(
+        lambda: simple_speaker_listener_v4.parallel_env(continuous_actions=False), 1
+    )
+    assert discrete.action_space.n == 5
+    assert discrete.action_counts == (3, 5)  # speaker, listener
+    discrete.close()
     with pytest.raises(ValueError, match="simple_speaker_listener.*share one action space"):
-        PettingZooVectorEnv(simple_speaker_listener_v4.parallel_env, 1)
+        PettingZooVectorEnv(
+            lambda: simple_speaker_listener_v4.parallel_env(continuous_actions=True), 1
+        )

@@ -175,6 +175,7 @@ def vector_env_spaces(env_id: str, vector_env: gym.vector.VectorEnv) -> EnvSpace
         actor_obs_dim=vector_env.actor_obs_dim if vector_env.critic_dim else None,
         agent_groups=vector_env.agent_groups,
         group_names=vector_env.group_names,
+        agent_action_counts=vector_env.action_counts or (),
     )
 
 

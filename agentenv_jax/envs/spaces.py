@@ -60,6 +60,8 @@ class EnvSpaces:
     actor_obs_dim: int | None = None
     agent_groups: tuple[int, ...] = ()  # each agent's group index (empty: one group)
     group_names: tuple[str, ...] = ()
+    # Each agent's Discrete action count when they differ (empty: all have `action_size`).
+    agent_action_counts: tuple[int, ...] = ()
 
     @property
     def agent_id_at(self) -> int:

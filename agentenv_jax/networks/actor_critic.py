@@ -122,10 +122,7 @@ def make_actor_critic(
         actor_obs_dim,
     )
 
-    def apply_fn(params: Any, obs: jax.Array) -> tuple[jax.Array, jax.Array]:
-        return module.apply({"params": params}, obs)
-
-    return module, apply_fn
+    return module, _applying(module)
 
 
 def _one_observation(obs_shape: Sequence[int]) -> jax.ShapeDtypeStruct:
@@ -148,7 +145,8 @@ def actor_critic_for(
 ) -> tuple[ActorCritic, Callable[[Any, jax.Array], tuple[jax.Array, jax.Array]]]:
     """The actor-critic of an experiment: `network` is its `NetworkConfig`, `spaces` its
     `EnvSpaces`. Learner and env ranks both build it here, so their parameters line up. With
-    `network.policies: per_group` and several agent groups, one per group (`networks.grouped`)."""
+    `network.policies: per_group` and several agent groups, one per group (`networks.grouped`);
+    with agents of different action counts, each row's unavailable actions masked."""
     module, apply_fn = make_actor_critic(
         spaces.action_kind,
         spaces.action_size,
@@ -165,14 +163,27 @@ def actor_critic_for(
         from agentenv_jax.networks.grouped import GroupedActorCritic
 
         settings = tuple((f.name, getattr(module, f.name)) for f in dataclasses.fields(module))
-        grouped = GroupedActorCritic(
+        module = GroupedActorCritic(
             tuple(s for s in settings if s[0] not in ("parent", "name")),
             spaces.agent_groups,
             spaces.agent_id_at,
         )
+        apply_fn = _applying(module)
+    if spaces.agent_action_counts:
+        from agentenv_jax.networks.grouped import mask_unavailable_actions
 
-        def grouped_apply(params: Any, obs: jax.Array) -> tuple[jax.Array, jax.Array]:
-            return grouped.apply({"params": params}, obs)
+        obs_ndim, id_at = len(spaces.obs_shape), spaces.agent_id_at
+        counts, unmasked = spaces.agent_action_counts, apply_fn
 
-        return grouped, grouped_apply
+        def apply_fn(params: Any, obs: jax.Array) -> tuple[jax.Array, jax.Array]:
+            head, value = unmasked(params, obs)
+            return mask_unavailable_actions(head, obs, obs_ndim, id_at, counts), value
+
     return module, apply_fn
+
+
+def _applying(module: nn.Module) -> Callable[[Any, jax.Array], tuple[jax.Array, jax.Array]]:
+    def apply_fn(params: Any, obs: jax.Array) -> tuple[jax.Array, jax.Array]:
+        return module.apply({"params": params}, obs)
+
+    return apply_fn

@@ -28,6 +28,19 @@ def row_groups(obs: jax.Array, obs_ndim: int, id_at: int, agent_groups: Sequence
     return jnp.asarray(agent_groups, jnp.int32)[agent]
 
 
+def mask_unavailable_actions(
+    head: jax.Array, obs: jax.Array, obs_ndim: int, id_at: int, action_counts: Sequence[int]
+) -> jax.Array:
+    """Logits `head [..., A]` with the actions at or beyond each row's agent's count (agent from
+    the one-hot id in `obs`) set to -1e9: never sampled, chosen or given probability."""
+    batch_shape = obs.shape[: obs.ndim - obs_ndim]
+    flat = obs.reshape(batch_shape + (-1,))
+    agent = jnp.argmax(flat[..., id_at : id_at + len(action_counts)], axis=-1)
+    count = jnp.asarray(action_counts, jnp.int32)[agent]
+    available = jnp.arange(head.shape[-1]) < count[..., None]
+    return jnp.where(available, head, jnp.float32(-1e9))
+
+
 class GroupedActorCritic(nn.Module):
     """`ActorCritic`s named `group_0`, `group_1`, ..., each built from `settings` (the
     `ActorCritic` fields as `(name, value)` pairs); maps observations `[..., *obs_shape]` to

@@ -58,6 +58,10 @@ class MultiAgentVectorEnv(Protocol):
     `agents`: the possible agents' names, in array order. `obs_size`: D, the padded
     per-agent observation length. `state_size`: S. `action_space`: one agent's action space
     (every agent shares it: Discrete or Box). `max_episode_steps`: the truncation horizon.
+
+    Agents whose Discrete action spaces differ in size: `action_space` is the largest, and an
+    optional attribute `action_counts` (a tuple, one per agent) gives each agent's count; the
+    policy then never chooses an action at or beyond an agent's count.
     """
 
     num_envs: int

@@ -67,6 +67,8 @@ class AgentColumns(gym.vector.VectorEnv):
         self.metadata = {"autoreset_mode": AutoresetMode.SAME_STEP}
         self._agent_ids = np.tile(np.eye(n, dtype=np.float32), (env.num_envs, 1))  # [B, N]
         self.group_names, self.agent_groups = agent_groups(env.agents)
+        # Each agent's action count when their Discrete spaces differ (else None).
+        self.action_counts: tuple[int, ...] | None = getattr(env, "action_counts", None)
 
     def _columns(self, obs: np.ndarray, state: np.ndarray) -> np.ndarray:
         """`obs [E, N, D]` and `state [E, S]` -> the columns' observations `[E * N, D + N + C]`."""

@@ -152,6 +152,19 @@ class ParallelView:
         return self.metadata["name"]
 
 
+def _largest_discrete(name: str, action_spaces: dict[str, gym.Space]) -> gym.spaces.Discrete:
+    """The action space of agents whose Discrete spaces differ in size (each agent's own count
+    is `action_counts`); `ValueError` for any other mix."""
+    if not all(
+        isinstance(s, gym.spaces.Discrete) and int(s.start) == 0 for s in action_spaces.values()
+    ):
+        raise ValueError(
+            f"PettingZooVectorEnv needs the agents of {name} to share one action space, or to "
+            f"have Discrete ones (of any sizes), got {action_spaces}"
+        )
+    return gym.spaces.Discrete(max(int(s.n) for s in action_spaces.values()))
+
+
 class PettingZooVectorEnv:
     """`num_envs` copies of a PettingZoo `ParallelEnv` (from `make_env`) as a
     `MultiAgentVectorEnv`.
@@ -160,7 +173,8 @@ class PettingZooVectorEnv:
     * Observations: each agent's flattened with `gymnasium.spaces.flatten`, as float32, zero-padded
       to the longest (`obs_size`).
     * Global state: the env's `state()`, flattened, when it has a `state_space`; else `S = 0`.
-    * Actions: every agent must share one action space, Discrete or Box (else `ValueError`).
+    * Actions: every agent must share one action space, Discrete or Box, or have Discrete ones
+      of different sizes (`action_counts`, the API's; else `ValueError`).
     * Horizon: `max_episode_steps` is the env's own when it exposes one (`env.unwrapped.max_cycles`,
       as MPE2's envs do), else the argument (then required). An argument may shorten the env's
       own horizon but not lengthen it (`ValueError`: the env would truncate first; set its
@@ -191,10 +205,8 @@ class PettingZooVectorEnv:
         action_spaces = {agent: env.action_space(agent) for agent in self.agents}
         space = action_spaces[self.agents[0]]
         if any(other != space for other in action_spaces.values()):
-            raise ValueError(
-                f"PettingZooVectorEnv needs every agent of {name} to share one action space, got "
-                f"{action_spaces}"
-            )
+            space = _largest_discrete(name, action_spaces)
+            self.action_counts = tuple(int(action_spaces[a].n) for a in self.agents)
         if not isinstance(space, gym.spaces.Discrete | gym.spaces.Box):
             raise ValueError(
                 f"PettingZooVectorEnv supports Discrete or Box action spaces; {name} has {space}"
