@@ -20,11 +20,16 @@ import jax.numpy as jnp
 from agentenv_jax.networks.actor_critic import ActorCritic
 
 
-def row_groups(obs: jax.Array, obs_ndim: int, id_at: int, agent_groups: Sequence[int]) -> jax.Array:
-    """`obs [..., *obs_shape]` -> the group index `[...]` int32 of each row's agent."""
+def row_agents(obs: jax.Array, obs_ndim: int, id_at: int, agents: int) -> jax.Array:
+    """`obs [..., *obs_shape]` -> the agent index `[...]` of each row, from its one-hot id."""
     batch_shape = obs.shape[: obs.ndim - obs_ndim]
     flat = obs.reshape(batch_shape + (-1,))
-    agent = jnp.argmax(flat[..., id_at : id_at + len(agent_groups)], axis=-1)
+    return jnp.argmax(flat[..., id_at : id_at + agents], axis=-1)
+
+
+def row_groups(obs: jax.Array, obs_ndim: int, id_at: int, agent_groups: Sequence[int]) -> jax.Array:
+    """`obs [..., *obs_shape]` -> the group index `[...]` int32 of each row's agent."""
+    agent = row_agents(obs, obs_ndim, id_at, len(agent_groups))
     return jnp.asarray(agent_groups, jnp.int32)[agent]
 
 
@@ -33,9 +38,7 @@ def mask_unavailable_actions(
 ) -> jax.Array:
     """Logits `head [..., A]` with the actions at or beyond each row's agent's count (agent from
     the one-hot id in `obs`) set to -1e9: never sampled, chosen or given probability."""
-    batch_shape = obs.shape[: obs.ndim - obs_ndim]
-    flat = obs.reshape(batch_shape + (-1,))
-    agent = jnp.argmax(flat[..., id_at : id_at + len(action_counts)], axis=-1)
+    agent = row_agents(obs, obs_ndim, id_at, len(action_counts))
     count = jnp.asarray(action_counts, jnp.int32)[agent]
     available = jnp.arange(head.shape[-1]) < count[..., None]
     return jnp.where(available, head, jnp.float32(-1e9))
