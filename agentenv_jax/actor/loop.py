@@ -20,6 +20,7 @@ from agentenv_jax.envs import normalization as norm
 from agentenv_jax.envs.factory import EnvSpaces, autoreset_mode
 from agentenv_jax.envs.faults import fault_mask
 from agentenv_jax.envs.multi_agent.columns import ACTED
+from agentenv_jax.metrics.process_usage import ProcessClock
 from agentenv_jax.transport.base import ActorChannel, TransportError
 from agentenv_jax.transport.spec import MessageSpec
 
@@ -115,6 +116,7 @@ class Actor:
         self.env_faults = 0
         self.sent_segments = 0
         self.stopped = False
+        self._clock = ProcessClock()
 
     @property
     def queue_depth(self) -> int:
@@ -378,6 +380,7 @@ class Actor:
             "sent": self._queue.sent_transitions,
             "unsent": unsent,
             "segments": self._segments_filled,
+            **self._clock.report(),
         }
         self._channel.send_final_report(report)
         self._env.close()

@@ -15,6 +15,7 @@ from agentenv_jax.actor.policy import SquashedGaussianPolicy
 from agentenv_jax.buffers.replay import ReplayPartition
 from agentenv_jax.envs.factory import EnvSpaces, autoreset_mode
 from agentenv_jax.envs.faults import fault_mask
+from agentenv_jax.metrics.process_usage import ProcessClock
 from agentenv_jax.networks.sac_networks import unit_to_bounds
 from agentenv_jax.transport.base import TransportError
 from agentenv_jax.transport.messages import MAX_EPISODES_PER_ANSWER, REPLAY_COUNTERS
@@ -80,6 +81,7 @@ class ReplayActor:
         self.produced = 0
         self.env_faults = 0
         self.stopped = False
+        self._clock = ProcessClock()
 
     def _poll(self) -> None:
         message = self._channel.poll_params()
@@ -276,6 +278,7 @@ class ReplayActor:
             "sampled": counters.sampled,
             "priority_updates": counters.priority_updates,
             "stale_priority_updates": counters.stale_priority_updates,
+            **self._clock.report(),
         }
         self._channel.send_final_report(report)
         self._env.close()

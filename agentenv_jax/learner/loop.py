@@ -39,6 +39,7 @@ from agentenv_jax.metrics.logger import (
     SteadyRate,
     progress_fields,
 )
+from agentenv_jax.metrics.process_usage import cpu_shares
 from agentenv_jax.networks import (
     ActionDistribution,
     action_distribution,
@@ -252,6 +253,7 @@ class Learner:
         self.updates = 0
         self.done = False
         self.accounting: Accounting | None = None
+        self.env_rank_cpu_share: list[float] | None = None  # per env rank, at the end
         self._start_time = time.perf_counter()
         self.last_record: dict[str, Any] = {}
         self.steady_rate = SteadyRate()  # steps/s once the first update has compiled
@@ -414,6 +416,7 @@ class Learner:
         self.accounting = self._before + reconcile(
             reports, received=self.received, trained=self.trained, late=late
         )
+        self.env_rank_cpu_share = cpu_shares(reports)
         if self._progress is not None:
             self._progress.close()
         return self.accounting

@@ -32,6 +32,7 @@ from agentenv_jax.metrics.logger import (
     SteadyRate,
     progress_fields,
 )
+from agentenv_jax.metrics.process_usage import cpu_shares
 from agentenv_jax.parallel.mesh import make_mesh, replicated
 from agentenv_jax.transport.messages import REPLAY_COUNTERS
 from agentenv_jax.transport.spec import MessageSpec
@@ -111,6 +112,7 @@ class ReplayLearner:
         self.episodes = 0
         self.done = False
         self.accounting: ReplayAccounting | None = None
+        self.env_rank_cpu_share: list[float] | None = None  # per env rank, at the end
         self.last_record: dict[str, Any] = {}
         self._start_time = time.perf_counter()
         self.steady_rate = SteadyRate()  # steps/s once the first update has compiled
@@ -345,6 +347,7 @@ class ReplayLearner:
         self.accounting = ReplayAccounting.from_reports(
             reports, received=self.sampled, trained=self.trained, prefetched=prefetched
         )
+        self.env_rank_cpu_share = cpu_shares(reports)
         if self._progress is not None:
             self._progress.close()
         return self.accounting

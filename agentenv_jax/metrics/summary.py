@@ -54,6 +54,10 @@ def write_summary(
         "compiled_programs": compiled.programs,
         "compile_cache_hits": compiled.cache_hits,
     }
+    if getattr(learner, "env_rank_cpu_share", None) is not None:
+        # CPU seconds over wall seconds of each env rank's process, from its actor's start to
+        # its final report: what waiting ranks burn (in one process: the whole process).
+        summary["env_rank_cpu_share"] = learner.env_rank_cpu_share
     if hasattr(learner, "obs_stats"):
         summary["obs_normalizer_count"] = learner.obs_stats.count
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
