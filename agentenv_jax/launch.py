@@ -169,9 +169,12 @@ def _summarize(
     topology: str,
     compile_start: CompileTotals,
     interrupted: bool = False,
+    processes: dict[int, dict[str, Any]] | None = None,
 ) -> TrainResult:
     """The session's summary (`metrics.summary.write_summary`), and its result for the caller."""
-    summary = write_summary(run_dir, learner, started, topology, compile_start, interrupted)
+    summary = write_summary(
+        run_dir, learner, started, topology, compile_start, interrupted, processes
+    )
     return TrainResult(
         run_dir,
         learner.updates,
@@ -270,6 +273,44 @@ def run_single_process(config: ExperimentConfig, resume: bool = False) -> TrainR
             session.restore_signal_handlers()
 
 
+def _join_learners(config: ExperimentConfig, world: Any, topology: Any):
+    """With several learner processes: split off their communicator (every rank takes part)
+    and agree on the run's folder name. Returns the config and this learner's group (None on
+    env ranks and with one learner)."""
+    if not topology.multi_learner:
+        return config, None
+    from agentenv_jax.transport.mpi.learners import split_learner_group
+
+    group = split_learner_group(world, topology.num_learner_ranks)
+    if group is not None:
+        config = with_run_name(config, group.allgather(with_run_name(config).run.name)[0])
+    return config, group
+
+
+def _start_jax_runtime(config: ExperimentConfig, group: Any) -> None:
+    """Learners of a multi-learner job: JAX's distributed runtime among them, from the
+    coordinator address they agree on (before anything touches a JAX backend)."""
+    from agentenv_jax.parallel.distributed import start_distributed
+
+    requested = config.topology.learner_devices
+    start_distributed(
+        group.coordinator_address(config.run.transport_timeout_s),
+        group.size,
+        group.index,
+        list(range(requested)) if requested else None,
+        config.run.transport_timeout_s,
+    )
+
+
+def _check_learner_devices(outcomes: list[dict[str, Any]], learners: int) -> None:
+    counts = [o["devices"] for o in outcomes[:learners]]
+    if len(set(counts)) > 1:
+        raise StartupError(
+            f"learners put different device counts in the mesh ({counts}, in rank order): "
+            "set topology.learner_devices to a count every learner host has"
+        )
+
+
 def run_mpi(config: ExperimentConfig, resume: bool = False) -> TrainResult:
     """This rank's part of an MPI job (learner or env rank)."""
     from agentenv_jax.learner.session import STOP_SIGNALS, LearnerSession
@@ -280,6 +321,8 @@ def run_mpi(config: ExperimentConfig, resume: bool = False) -> TrainResult:
         return run_single_process(config, resume)
     compile_start = _start_compile_clock(config)
     topology = make_topology(config, world.size, world.rank)
+    config, group = _join_learners(config, world, topology)
+    lead = topology.is_lead
     if topology.is_env_rank:
         if config.topology.single_threaded_env_ranks:
             single_threaded_xla()
@@ -287,13 +330,15 @@ def run_mpi(config: ExperimentConfig, resume: bool = False) -> TrainResult:
         for sig in STOP_SIGNALS:
             signal.signal(sig, signal.SIG_IGN)
 
-    vector_env = spaces = replay_source = None
+    vector_env = spaces = replay_source = num_devices = None
     error = None
     try:
         if topology.is_env_rank:
             vector_env, spaces = prepare_env_rank(config, topology)
         else:
-            num_devices = learner_devices(config)
+            if group is not None:
+                _start_jax_runtime(config, group)
+            num_devices = learner_devices(config, topology.num_learner_ranks)
             config, replay_source = _prepare_learner(config, resume)
     except Exception as err:
         error = _describe(err)
@@ -305,6 +350,7 @@ def run_mpi(config: ExperimentConfig, resume: bool = False) -> TrainResult:
             "host": socket.gethostname(),
             "run_name": config.run.name,
             "replay_source": replay_source,  # learner: saved partitions a resume loads back
+            "devices": num_devices,  # learner: its devices in the mesh
         }
     )
     if any(o["error"] is not None for o in outcomes) and vector_env is not None:
@@ -312,6 +358,7 @@ def run_mpi(config: ExperimentConfig, resume: bool = False) -> TrainResult:
     failures = [(rank, o["error"]) for rank, o in enumerate(outcomes) if o["error"] is not None]
     if failures:
         raise StartupError(f"rank {failures[0][0]}: {failures[0][1]}")
+    _check_learner_devices(outcomes, topology.num_learner_ranks)
     learner_outcome = outcomes[0]
     config = with_run_name(config, learner_outcome["run_name"])
     spaces = outcomes[topology.num_learner_ranks]["spaces"]
@@ -322,13 +369,16 @@ def run_mpi(config: ExperimentConfig, resume: bool = False) -> TrainResult:
     # Second agreement: building the roles can fail too (a checkpoint that does not fit).
     started = time.perf_counter()
     error = None
-    learner = session = actor = channel = None
+    learner = session = actor = channel = writer = None
     try:
         if topology.is_learner:
             channel = plan.make_mpi_learner_channel(world)
-            run_dir, writer, progress = _learner_outputs(config)
-            learner = plan.make_learner(channel, num_devices, writer, progress)
-            session = LearnerSession(learner, config, run_dir, resume)
+            if lead:
+                run_dir, writer, progress = _learner_outputs(config)
+            else:  # learner 0 alone writes metrics and the summary
+                run_dir, progress = _run_dir(config), None
+            learner = plan.make_learner(channel, num_devices, writer, progress, group)
+            session = LearnerSession(learner, config, run_dir, resume, group)
         else:
             channel = plan.make_mpi_actor_channel(world)
             actor = plan.make_actor(vector_env, channel)
@@ -346,8 +396,9 @@ def run_mpi(config: ExperimentConfig, resume: bool = False) -> TrainResult:
         raise
 
     if topology.is_learner:
-        session.record_start(processes)
-        save_config(config, run_dir / "config.yaml")
+        if lead:
+            session.record_start(processes)
+            save_config(config, run_dir / "config.yaml")
         try:
             session.install_signal_handlers()
             learner.start()
@@ -360,6 +411,16 @@ def run_mpi(config: ExperimentConfig, resume: bool = False) -> TrainResult:
                 learner.finish()
             finally:
                 session.close()  # the final checkpoint, with the run's accounting when complete
+            if not lead:
+                return TrainResult(
+                    None,
+                    learner.updates,
+                    learner.env_steps,
+                    learner.episode_return_mean,
+                    time.perf_counter() - started,
+                    learner.accounting.as_dict(),
+                    interrupted=session.interrupted,
+                )
             return _summarize(
                 run_dir,
                 learner,
@@ -367,9 +428,11 @@ def run_mpi(config: ExperimentConfig, resume: bool = False) -> TrainResult:
                 describe_topology(topology, learner),
                 compile_start,
                 session.interrupted,
+                processes,
             )
         finally:
-            writer.close()
+            if writer is not None:
+                writer.close()
             session.restore_signal_handlers()
 
     while actor.run_once():

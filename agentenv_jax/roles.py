@@ -12,6 +12,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from agentenv_jax.config.errors import ConfigError
 from agentenv_jax.config.schema import ExperimentConfig
 from agentenv_jax.transport.topology import Topology
 
@@ -95,7 +96,8 @@ def prepare_env_rank(config: ExperimentConfig, topology: Topology):
     return vector_env, spaces
 
 
-def learner_devices(config: ExperimentConfig) -> int:
+def learner_devices(config: ExperimentConfig, processes: int = 1) -> int:
+    """How many local devices each of the `processes` learner processes puts in the mesh."""
     import jax
 
     from agentenv_jax.learner.loop import minibatch_size
@@ -106,7 +108,7 @@ def learner_devices(config: ExperimentConfig) -> int:
     else:
         batch_sizes = [config.env.global_num_envs, minibatch_size(config)]
     return choose_num_devices(
-        config.topology.learner_devices, len(jax.local_devices()), batch_sizes
+        config.topology.learner_devices, len(jax.local_devices()), batch_sizes, processes
     )
 
 
@@ -224,7 +226,9 @@ class RolePlan:
 
     param_spec: Any
     make_actor: Callable[[Any, Any], Any]  # (vector_env, channel) -> actor
-    make_learner: Callable[..., Any]  # (channel, num_devices, writer, progress) -> learner
+    # (channel, num_devices, writer, progress, group=None) -> learner; `group`: the learner
+    # processes sharing the mesh (`LearnerGroup`), None for a single learner
+    make_learner: Callable[..., Any]
     make_inprocess: Callable[[], Any]  # -> transport with .actor and .learner ends
     make_mpi_actor_channel: Callable[[Any], Any]  # (MPIWorld) -> channel
     make_mpi_learner_channel: Callable[[Any], Any]  # (MPIWorld) -> channel
@@ -244,18 +248,29 @@ def on_policy_plan(config: ExperimentConfig, topology: Topology, spaces) -> Role
     ]
     param_spec = param_message_spec(num_params, spaces.normalizer_dim)
     inflight = config.topology.max_inflight_segments
-    env_ranks = [topology.env_rank_of(i) for i in range(topology.num_env_ranks)]
+    # Each learner's env ranks (indices), and their segment layouts, per learner.
+    feeders = [topology.env_ranks_of(learner) for learner in range(topology.num_learner_ranks)]
+    specs_by_learner = [[segment_specs[i] for i in indices] for indices in feeders]
+    learner = topology.learner_index if topology.is_learner else 0
 
     def mpi_actor_channel(world):
         from agentenv_jax.transport.mpi import MPIActorChannel
 
-        return MPIActorChannel(world.comm, learner_rank=0, param_nbytes=param_spec.nbytes)
+        return MPIActorChannel(
+            world.comm,
+            learner_rank=topology.learner_of(topology.env_rank_index),
+            param_nbytes=param_spec.nbytes,
+        )
 
     def mpi_learner_channel(world):
         from agentenv_jax.transport.mpi import MPILearnerChannel
 
         return MPILearnerChannel(
-            world.comm, env_ranks, [s.nbytes for s in segment_specs], inflight, param_spec.nbytes
+            world.comm,
+            [topology.env_rank_of(i) for i in feeders[learner]],
+            [s.nbytes for s in specs_by_learner[learner]],
+            inflight,
+            param_spec.nbytes,
         )
 
     return RolePlan(
@@ -270,8 +285,17 @@ def on_policy_plan(config: ExperimentConfig, topology: Topology, spaces) -> Role
             param_spec,
             network,
         ),
-        lambda channel, devices, writer, progress: Learner(
-            config, spaces, channel, segment_specs, param_spec, devices, writer, progress
+        lambda channel, devices, writer, progress, group=None: Learner(
+            config,
+            spaces,
+            channel,
+            specs_by_learner[learner],
+            param_spec,
+            devices,
+            writer,
+            progress,
+            group,
+            specs_by_learner,
         ),
         lambda: InProcessTransport(inflight),
         mpi_actor_channel,
@@ -299,6 +323,11 @@ def replay_plan(
     from agentenv_jax.transport.inprocess import InProcessReplayTransport
 
     algo = config.algorithm
+    if topology.multi_learner:
+        raise ConfigError(
+            f"topology.num_learner_ranks = {topology.num_learner_ranks} is not allowed with "
+            "algorithm.name = 'sac' yet: expected 1 (PPO and IMPALA train on several learners)"
+        )
     networks = sac_networks_for(config, spaces)
     actor_layout = FlatLayout(networks.param_shapes[0])
     param_spec = messages.param_message_spec(actor_layout.num_params, spaces.normalizer_dim)
@@ -377,7 +406,7 @@ def replay_plan(
     return RolePlan(
         param_spec,
         make_actor,
-        lambda channel, devices, writer, progress: ReplayLearner(
+        lambda channel, devices, writer, progress, group=None: ReplayLearner(
             config,
             spaces,
             channel,

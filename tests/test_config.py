@@ -65,7 +65,7 @@ def test_overrides_parse_yaml_values():
         (["network.actor_hidden=[]"], r"network.actor_hidden = \(\) is not allowed"),
         (["network.actor_hidden=64"], r"network.actor_hidden = 64 is not allowed: expected a list"),
         (["algorithm.num_minibatches=3"], r"algorithm.num_minibatches = 3 .* divisor of .* 256"),
-        (["topology.num_learner_ranks=2"], r"topology.num_learner_ranks = 2 is not allowed"),
+        (["topology.num_learner_ranks=0"], r"topology.num_learner_ranks = 0 is not allowed"),
         (["env=3"], r"env = 3 is not allowed: expected a mapping"),
         (
             ["algorithm.gamma.x=1"],
@@ -149,6 +149,25 @@ def test_topology_splits_envs_and_rejects_impossible_worlds():
     assert single.is_learner and single.is_env_rank and single.local_num_envs == (8,)
     with pytest.raises(ConfigError, match="env.global_num_envs = 2 .* 3 env ranks"):
         make_topology(load_config(None, ["env.global_num_envs=2"]), world_size=4, rank=0)
+
+
+def test_topology_with_two_learners_splits_envs_learner_major():
+    config = load_config(None, ["env.global_num_envs=8", "topology.num_learner_ranks=2"])
+    topo = make_topology(config, world_size=6, rank=3)
+    # Env ranks 0 and 2 feed learner 0, 1 and 3 learner 1; learner 0 holds envs 0-3.
+    assert topo.env_ranks_of(0) == [0, 2] and topo.env_ranks_of(1) == [1, 3]
+    assert topo.learner_of(topo.env_rank_index) == 1
+    assert topo.local_num_envs == (2, 2, 2, 2) and topo.env_offsets == (0, 4, 2, 6)
+    assert topo.learner_major() == [0, 2, 1, 3]
+    uneven = make_topology(config, world_size=5, rank=0)
+    assert uneven.local_num_envs == (2, 4, 2) and uneven.env_offsets == (0, 4, 2)
+    assert uneven.learner_index == 0 and uneven.multi_learner
+    with pytest.raises(ConfigError, match="env.global_num_envs = 7 .* 2 learners"):
+        make_topology(
+            load_config(None, ["env.global_num_envs=7", "topology.num_learner_ranks=2"]), 5, 0
+        )
+    with pytest.raises(ConfigError, match="num_learner_ranks = 2 .* with 1 env rank"):
+        make_topology(config, world_size=3, rank=0)
 
 
 def test_config_reference_documents_every_field_of_every_section_and_algorithm():

@@ -62,9 +62,13 @@ BAD_INPUTS = {
         ["--set", "topology.learner_devices=64"],
         "topology.learner_devices = 64 is not allowed",
     ),
-    "more_learner_ranks_than_allowed": (
+    "more_learner_ranks_than_the_world": (
         ["--set", "topology.num_learner_ranks=3"],
-        "topology.num_learner_ranks = 3 is not allowed",
+        "topology.num_learner_ranks = 3 leaves no env rank in a world of 3 processes",
+    ),
+    "a_learner_without_env_ranks": (
+        ["--set", "topology.num_learner_ranks=2"],
+        "topology.num_learner_ranks = 2 is not allowed with 1 env rank(s) in a world of 3",
     ),
     "fewer_envs_than_env_ranks": (
         ["--set", "env.global_num_envs=1"],

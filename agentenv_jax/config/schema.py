@@ -238,8 +238,10 @@ AlgorithmConfig = PPOConfig | IMPALAConfig | SACConfig
 class TopologyConfig:
     """How MPI ranks are split into roles; the env-rank count is the rest of the world."""
 
-    num_learner_ranks: int = 1  # learner processes (ranks 0..L-1); currently exactly 1
-    learner_devices: int = 0  # local JAX devices in the learner mesh (0: all local devices)
+    # With L > 1 learners, they start JAX's distributed runtime among themselves and train on
+    # one global mesh of all their devices; env rank i feeds learner i % L.
+    num_learner_ranks: int = 1  # learner processes (ranks 0..L-1), one per accelerator host
+    learner_devices: int = 0  # each learner's local JAX devices in the mesh (0: all local)
     max_inflight_segments: int = 2  # credits: segments an env rank may have in flight
     single_threaded_env_ranks: bool = True  # run XLA single-threaded on env ranks (small calls)
     # Where the policy runs on env ranks: jit (XLA), numpy (MLP torsos only; a small network's
@@ -248,10 +250,10 @@ class TopologyConfig:
 
     def validate(self, prefix: str) -> None:
         _require(
-            self.num_learner_ranks == 1,
+            self.num_learner_ranks >= 1,
             f"{prefix}.num_learner_ranks",
             self.num_learner_ranks,
-            "1 (one learner process driving all its local devices)",
+            "an integer >= 1 (learner processes, each driving its local devices)",
         )
         _require(
             self.learner_devices >= 0,

@@ -54,8 +54,11 @@ from agentenv_jax.parallel.mesh import (
     make_mesh,
     replicated,
     row_constraint,
+    spans_processes,
+    to_global,
+    to_replicated,
 )
-from agentenv_jax.transport.base import LearnerChannel
+from agentenv_jax.transport.base import LearnerChannel, LearnerGroup, SoloLearnerGroup
 from agentenv_jax.transport.spec import MessageSpec
 
 # Fields of a segment that form the `[T, B, ...]` rollout the update consumes.
@@ -72,6 +75,23 @@ ROLLOUT_FIELDS = (
 )
 # Per-env fields `[B, ...]` that come with each rollout.
 ROLLOUT_LAST_FIELDS = ("last_value", "last_obs")
+# Fields of a segment every learner reads from every env rank (with several learners, they
+# exchange them each round): normalizer statistics, episodes, policy versions, counts.
+SUMMARY_FIELDS = (
+    "episode_return",
+    "episode_length",
+    "policy_version",
+    "valid",
+    "obs_stats",
+    "return_stats",
+    "actor_seconds",
+    "env_faults",
+)
+
+
+def summary_spec(segment_spec: MessageSpec) -> MessageSpec:
+    """The layout of a segment's summary (`SUMMARY_FIELDS`)."""
+    return MessageSpec([segment_spec[name] for name in SUMMARY_FIELDS])
 
 
 def num_updates(config: ExperimentConfig, agents_per_env: int = 1) -> int:
@@ -161,16 +181,20 @@ def rollout_shapes(segment_specs: list[MessageSpec]) -> dict[str, jax.ShapeDtype
     }
 
 
+def rollout_shardings(mesh: Mesh) -> dict[str, Any]:
+    """Each rollout field's sharding: the env axis split over the mesh."""
+    return {name: env_axis_sharding(mesh, 2) for name in ROLLOUT_FIELDS} | {
+        name: env_axis_sharding(mesh, 1) for name in ROLLOUT_LAST_FIELDS
+    }
+
+
 def jit_sharded_update(update: Callable, mesh: Mesh) -> Callable:
     """Jit `update(state, rollout)` with the rollout's env axis sharded over `mesh` and the
     train state replicated; the state argument is donated (updated in place)."""
     state_sharding = replicated(mesh)
-    rollout_shardings = {name: env_axis_sharding(mesh, 2) for name in ROLLOUT_FIELDS} | {
-        name: env_axis_sharding(mesh, 1) for name in ROLLOUT_LAST_FIELDS
-    }
     return jax.jit(
         update,
-        in_shardings=(state_sharding, rollout_shardings),
+        in_shardings=(state_sharding, rollout_shardings(mesh)),
         out_shardings=(state_sharding, state_sharding),
         donate_argnums=(0,),
     )
@@ -185,6 +209,11 @@ class Learner:
 
     Update k consumes the k-th segment of every env rank (one round); env ranks bound how far
     ahead of it they run (`max_policy_lag`), so lag is bounded and runs are reproducible.
+
+    With several learner processes (`group`), each receives the segments of its own env ranks
+    (`segment_specs`) and contributes them as its block of the global rollout; the learners
+    exchange every segment's summary (`peer_segment_specs`: each learner's segment layouts), so
+    normalizers, episode window, counts and the stop decision are the same on all of them.
     """
 
     def __init__(
@@ -197,10 +226,15 @@ class Learner:
         num_devices: int,
         writer: MetricsWriter | None,
         progress: ProgressLine | None,
+        group: LearnerGroup | None = None,
+        peer_segment_specs: list[list[MessageSpec]] | None = None,
     ):
         self.config = config
         self._channel = channel
         self._segment_specs = segment_specs
+        self._group = group or SoloLearnerGroup()
+        peers = peer_segment_specs or [segment_specs]
+        self._summary_specs = [[summary_spec(spec) for spec in specs] for specs in peers]
         self._param_spec = param_spec
         self._writer = writer
         self._progress = progress
@@ -234,11 +268,13 @@ class Learner:
                 actor_critic_param_shapes(module, spaces.obs_shape),
                 jax.ShapeDtypeStruct((2,), jnp.uint32),
             ),
-            rollout_shapes(segment_specs),
+            rollout_shapes([spec for specs in peers for spec in specs]),
         )
+        self._global_batch = spans_processes(self.mesh)
+        self._rollout_shardings = rollout_shardings(self.mesh)
         init_key, train_key = jax.random.split(jax.random.PRNGKey(config.run.seed))
         params = init_params(module, spaces.obs_shape, init_key)
-        self.state = jax.device_put(jax.jit(train_state)(params, train_key), replicated(self.mesh))
+        self.state = to_replicated(self.mesh, jax.jit(train_state)(params, train_key))
         self._ravel = jax.jit(FlatLayout(self.state.params).ravel)
         self._obs_stats = norm.empty_stats(spaces.normalizer_dim)
         self._return_stats = norm.empty_stats(1)
@@ -346,16 +382,22 @@ class Learner:
         }
         for name in ROLLOUT_LAST_FIELDS:
             rollout[name] = np.concatenate([s[name] for s in segments])
-        versions = np.concatenate([s["policy_version"] for s in segments], axis=1)
-        actor_seconds = np.mean([s["actor_seconds"] for s in segments], axis=0)
-        self._env_faults = [int(s["env_faults"][0]) for s in segments]
-        for s in segments:
+        summaries = self._round_summaries(segments)
+        versions = np.concatenate([s["policy_version"] for s in summaries], axis=1)
+        actor_seconds = np.mean([s["actor_seconds"] for s in summaries], axis=0)
+        self._env_faults = [int(s["env_faults"][0]) for s in summaries]
+        for s in summaries:
             self._obs_stats = _merge_flat_stats(self._obs_stats, s["obs_stats"])
             self._return_stats = _merge_flat_stats(self._return_stats, s["return_stats"])
             self.episodes += self._episodes.add(s["episode_return"], s["episode_length"])
             self.received += int(s["valid"].sum())
+        if self._global_batch:
+            rollout = {
+                name: to_global(self._rollout_shardings[name], value)
+                for name, value in rollout.items()
+            }
         self._channel.release_round()
-        valid = rollout["valid"].astype(bool)
+        valid = np.concatenate([s["valid"] for s in summaries], axis=1).astype(bool)
         lag = (self.version - versions)[valid]
 
         tick = time.perf_counter()
@@ -395,6 +437,28 @@ class Learner:
             self._progress.update(record, force=self.done)
         return record
 
+    def _round_summaries(self, segments: list[dict[str, np.ndarray]]) -> list[dict[str, Any]]:
+        """Every env rank's segment summary this round, learner-major (with one learner: the
+        segments themselves)."""
+        if self._group.size == 1:
+            return segments
+        local = np.concatenate(
+            [
+                spec.pack({name: segment[name] for name in SUMMARY_FIELDS})
+                for spec, segment in zip(
+                    self._summary_specs[self._group.index], segments, strict=True
+                )
+            ]
+        )
+        summaries = []
+        for specs, block in zip(self._summary_specs, self._group.exchange(local), strict=True):
+            bounds = np.cumsum([0, *(spec.nbytes for spec in specs)])
+            summaries += [
+                spec.views(block[a:b])
+                for spec, a, b in zip(specs, bounds[:-1], bounds[1:], strict=True)
+            ]
+        return summaries
+
     def _agent_returns(self) -> dict[str, float]:
         """Multi-agent envs: the mean agent return beside the team return."""
         if self._episodes.agents == 1:
@@ -413,6 +477,10 @@ class Learner:
         late = sum(
             int(self._segment_specs[i].views(buf)["valid"].sum()) for i, buf in late_segments
         )
+        # Every learner reconciles the whole run: all env ranks' reports, learner-major.
+        gathered = self._group.allgather((reports, late))
+        reports = [report for learner_reports, _ in gathered for report in learner_reports]
+        late = sum(learner_late for _, learner_late in gathered)
         self.accounting = self._before + reconcile(
             reports, received=self.received, trained=self.trained, late=late
         )

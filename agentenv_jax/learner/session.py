@@ -21,6 +21,7 @@ from agentenv_jax.checkpoint import replay_files
 from agentenv_jax.checkpoint.store import CheckpointError, CheckpointStore
 from agentenv_jax.config.loading import config_to_dict, with_defaults
 from agentenv_jax.config.schema import ExperimentConfig
+from agentenv_jax.transport.base import LearnerGroup, SoloLearnerGroup
 
 # Sections of the config a checkpoint's learner state depends on: a resumed run may change
 # budgets, topology, logging and checkpoint cadence, but not these.
@@ -100,11 +101,25 @@ def saved_replay_to_restore(config: ExperimentConfig, run_dir: Path) -> tuple[in
 
 class LearnerSession:
     """Drives `learner` (`start`, `run_once`, `done`, `updates`, `state`, `checkpoint_meta`,
-    `restore`) and owns its checkpoints."""
+    `restore`) and owns its checkpoints.
 
-    def __init__(self, learner: Any, config: ExperimentConfig, run_dir: Path, resume: bool):
+    With several learner processes (`group`), every one runs a session: checkpoints are saved
+    by all of them together (orbax, multi-process), and the decisions that lead to a collective
+    (stop after a signal, save on the clock) are agreed first, so none waits alone; learner 0
+    alone writes events.
+    """
+
+    def __init__(
+        self,
+        learner: Any,
+        config: ExperimentConfig,
+        run_dir: Path,
+        resume: bool,
+        group: LearnerGroup | None = None,
+    ):
         self.learner = learner
         self.config = config
+        self._group = group or SoloLearnerGroup()
         self._run_dir = Path(run_dir)
         self._events = self._run_dir / "events.jsonl"
         self.store = CheckpointStore(run_dir, config.checkpoint.keep)
@@ -122,6 +137,8 @@ class LearnerSession:
 
     def _event(self, kind: str, **fields: Any) -> None:
         """One line in RUN_DIR/events.jsonl: resumes, checkpoints, interruptions."""
+        if self._group.index != 0:
+            return
         record = {"event": kind, "time": time.time(), "update": self.learner.updates, **fields}
         with open(self._events, "a") as f:
             f.write(json.dumps(record) + "\n")
@@ -160,6 +177,9 @@ class LearnerSession:
 
     @property
     def running(self) -> bool:
+        """Whether to take another round (call once per round: with several learners it is a
+        collective, so a signal that reached one of them stops all of them)."""
+        self.interrupted = self._group.any(self.interrupted)
         return not self.learner.done and not self.interrupted
 
     def after_round(self) -> None:
@@ -169,9 +189,10 @@ class LearnerSession:
         updates = self.learner.updates
         if updates == self._last_saved_update:
             return
-        if (every and updates % every == 0) or (
+        due = bool(every and updates % every == 0) or bool(
             minutes and self.store.seconds_since_save() >= 60 * minutes
-        ):
+        )
+        if self._group.any(due):  # learners' clocks differ; the save is collective
             self.save()
 
     def save(self) -> None:
@@ -181,7 +202,8 @@ class LearnerSession:
             {"learner": self.learner.checkpoint_meta(), "config": config_to_dict(self.config)},
         )
         self._last_saved_update = self.learner.updates
-        self._event("checkpoint", state_checksum=state_checksum(self.learner.state))
+        if self._group.index == 0:
+            self._event("checkpoint", state_checksum=state_checksum(self.learner.state))
         if self.config.checkpoint.save_replay:
             self.learner.checkpoint_saved(self.learner.updates)
             replay_files.prune(self._run_dir, set(self.store.steps()))

@@ -27,9 +27,11 @@ def write_summary(
     topology: str,
     compile_start: CompileTotals,
     interrupted: bool = False,
+    processes: dict[int, dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
     """Write RUN_DIR/summary.json of a session that began at `started` (`time.perf_counter()`)
-    and show the closing summary; `topology` says in words what ran it. Returns the summary."""
+    and show the closing summary; `topology` says in words what ran it, `processes` each
+    rank's `host` (as in events.jsonl). Returns the summary."""
     wall_s = time.perf_counter() - started
     accounting = learner.accounting.as_dict()
     compiled = compile_totals().since(compile_start)
@@ -58,12 +60,33 @@ def write_summary(
         # CPU seconds over wall seconds of each env rank's process, from its actor's start to
         # its final report: what waiting ranks burn (in one process: the whole process).
         summary["env_rank_cpu_share"] = learner.env_rank_cpu_share
+    if processes:
+        summary["hosts"] = hosts_of(processes)
     if hasattr(learner, "obs_stats"):
         summary["obs_normalizer_count"] = learner.obs_stats.count
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     if learner.config.run.progress:
         print(format_summary(summary), file=sys.stderr, flush=True)
     return summary
+
+
+def hosts_of(processes: dict[int, dict[str, Any]]) -> dict[str, list[int]]:
+    """Each host and the ranks it ran, in rank order."""
+    hosts: dict[str, list[int]] = {}
+    for rank in sorted(processes):
+        hosts.setdefault(str(processes[rank]["host"]), []).append(rank)
+    return hosts
+
+
+def _ranks(ranks: list[int]) -> str:
+    """`0-3, 7` for [0, 1, 2, 3, 7]."""
+    spans: list[list[int]] = []
+    for rank in ranks:
+        if spans and rank == spans[-1][1] + 1:
+            spans[-1][1] = rank
+        else:
+            spans.append([rank, rank])
+    return ", ".join(str(a) if a == b else f"{a}-{b}" for a, b in spans)
 
 
 def _rate(steps_per_s: float | None) -> str:
@@ -82,6 +105,11 @@ def format_summary(summary: dict[str, Any]) -> str:
             else ""
         ),
         f" topology   {summary['topology']}",
+        *(
+            [" hosts      " + "; ".join(f"{h} ({_ranks(r)})" for h, r in summary["hosts"].items())]
+            if summary.get("hosts")
+            else []
+        ),
         f" updates    {summary['updates']}   env steps {summary['env_steps']:,}   "
         f"episodes {summary['episodes']:,}",
         f" return     {summary['episode_return_mean']:.2f} (mean of the last episodes)",

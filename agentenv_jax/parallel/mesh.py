@@ -4,13 +4,20 @@ One mesh axis, `batch`: rollouts are split along their env axis and minibatches 
 axis, parameters and optimizer state are replicated. The update is a plain `jax.jit` over these
 shardings (XLA's SPMD partitioner inserts the gradient all-reduce), which is why the same code
 runs on one device or many and gives the same result to float tolerance.
+
+With several learner processes the mesh is global: each process contributes its first devices,
+process-major, and builds the global batch from its own block of rows
+(`jax.make_array_from_process_local_data`); the update is the same jit, and XLA inserts the
+cross-process all-reduce.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import jax
+import numpy as np
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
 
 BATCH_AXIS = "batch"
@@ -20,33 +27,71 @@ class MeshError(ValueError):
     """A device count that does not fit the batch; the message says what would."""
 
 
-def choose_num_devices(requested: int, available: int, batch_sizes: Sequence[int]) -> int:
-    """How many devices the learner mesh uses.
+def choose_num_devices(
+    requested: int, available: int, batch_sizes: Sequence[int], processes: int = 1
+) -> int:
+    """How many of its local devices each learner process puts in the mesh.
 
-    `requested` 0 means: the most devices (up to `available`) that divide every batch size, so the
-    default never fails. An explicit request must be available and divide them, else `MeshError`.
+    `requested` 0 means: the most devices (up to `available`) whose total over `processes`
+    divides every batch size, so the default never fails. An explicit request must be available
+    and divide them, else `MeshError`.
     """
     if requested == 0:
-        return max(n for n in range(1, available + 1) if all(b % n == 0 for b in batch_sizes))
+        return max(
+            n for n in range(1, available + 1) if all(b % (n * processes) == 0 for b in batch_sizes)
+        )
     if requested > available:
         raise MeshError(
             f"topology.learner_devices = {requested} is not allowed: only "
             f"{available} local devices are visible"
         )
-    bad = [b for b in batch_sizes if b % requested]
+    bad = [b for b in batch_sizes if b % (requested * processes)]
     if bad:
+        total = "" if processes == 1 else f" times {processes} learner processes"
         raise MeshError(
-            f"topology.learner_devices = {requested} is not allowed: it must divide "
+            f"topology.learner_devices = {requested} is not allowed: it{total} must divide "
             f"the batch sizes {list(batch_sizes)} (global_num_envs and the "
             "minibatch size)"
         )
     return requested
 
 
+def mesh_devices(num_devices: int) -> list[jax.Device]:
+    """The first `num_devices` devices of every process, process-major (with one process: its
+    first local devices)."""
+    by_process: dict[int, list[jax.Device]] = {}
+    for device in jax.devices():
+        by_process.setdefault(device.process_index, []).append(device)
+    return [
+        device
+        for process in sorted(by_process)
+        for device in sorted(by_process[process], key=lambda d: d.id)[:num_devices]
+    ]
+
+
 def make_mesh(num_devices: int, devices: Sequence[jax.Device] | None = None) -> Mesh:
-    """A 1-D mesh over the first `num_devices` local devices."""
-    devices = list(devices if devices is not None else jax.local_devices())[:num_devices]
+    """A 1-D mesh over `devices[:num_devices]`, or over `num_devices` devices of every learner
+    process (`mesh_devices`)."""
+    devices = list(devices)[:num_devices] if devices is not None else mesh_devices(num_devices)
     return Mesh(devices, (BATCH_AXIS,), axis_types=(AxisType.Auto,))
+
+
+def spans_processes(mesh: Mesh) -> bool:
+    """Whether the mesh holds devices of other processes (a multi-learner mesh)."""
+    return any(d.process_index != jax.process_index() for d in mesh.devices.flat)
+
+
+def to_global(sharding: NamedSharding, local: np.ndarray) -> jax.Array:
+    """This process's block of a global batch, as the global array: the block is the rows of
+    this process's devices along the sharded axis."""
+    return jax.make_array_from_process_local_data(sharding, local)
+
+
+def to_replicated(mesh: Mesh, tree: Any) -> Any:
+    """A host pytree (the same on every process) replicated over the mesh."""
+    if spans_processes(mesh):
+        tree = jax.device_get(tree)  # a global sharding takes host values, not local arrays
+    return jax.device_put(tree, replicated(mesh))
 
 
 def replicated(mesh: Mesh) -> NamedSharding:

@@ -65,3 +65,36 @@ class LearnerChannel(Protocol):
     ) -> tuple[list[dict[str, Any]], list[tuple[int, np.ndarray]]]:
         """Every env rank's final report, and the segments (env-rank index, buffer) that arrived
         after the last round was taken: received, but never trained on."""
+
+
+class LearnerGroup(Protocol):
+    """The learner processes that share one mesh (`index` of `size`): the small collectives
+    that keep global quantities global. Every learner calls each in the same order."""
+
+    index: int
+    size: int
+
+    def allgather(self, value: Any) -> list[Any]:
+        """Every learner's `value`, in learner order (pickled; not for the hot path)."""
+
+    def any(self, flag: bool) -> bool:
+        """Whether any learner's `flag` is set."""
+
+    def exchange(self, local: np.ndarray) -> list[np.ndarray]:
+        """Every learner's byte buffer (its size fixed for the run), in learner order."""
+
+
+class SoloLearnerGroup:
+    """The one learner of a run with a single learner process: every collective is itself."""
+
+    index = 0
+    size = 1
+
+    def allgather(self, value: Any) -> list[Any]:
+        return [value]
+
+    def any(self, flag: bool) -> bool:
+        return flag
+
+    def exchange(self, local: np.ndarray) -> list[np.ndarray]:
+        return [local]

@@ -1,0 +1,166 @@
+"""Several learner processes on one global mesh: JAX's distributed runtime started from the
+learners' own communicator (gloo collectives on CPU), each learner feeding its block of the
+global batch; the update equals the one-device update, PPO learns CartPole with 2 learners,
+and checkpoints move between 2 learners and 1."""
+
+from __future__ import annotations
+
+import json
+import socket
+import sys
+import time
+
+import pytest
+
+from conftest import REPO, agentenv_command, mpiexec_path, read_events, run_command, settings
+
+TWO_HOST_DEVICES = {"XLA_FLAGS": "--xla_force_host_platform_device_count=2"}
+
+
+def _results(stdout: str) -> list[dict]:
+    return [json.loads(line[len("RESULT") :]) for line in stdout.splitlines() if "RESULT" in line]
+
+
+def test_update_on_a_global_mesh_of_two_processes_equals_the_one_device_update():
+    proc = run_command(
+        [mpiexec_path(), "-n", "2", sys.executable, "multi_learner_update_job.py"],
+        timeout=240,
+        cwd=REPO / "tests",
+        extra_env=TWO_HOST_DEVICES,
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    results = _results(proc.stdout)
+    assert sorted(r["process"] for r in results) == [0, 1]
+    for result in results:
+        assert result["processes"] == 2 and result["mesh_devices"] == 4
+        # Each process holds half of the global rollout's 8 envs.
+        assert result["rollout_shape"] == [16, 8, 4] and result["addressable_rows"] == 4
+        assert result["max_param_change"] > 1e-3  # the updates did move the parameters
+        assert result["max_param_diff"] < 1e-5
+        assert result["loss_diff"] < 1e-5
+
+
+def _train(run_dir, learners: int, processes: int, *arguments: str):
+    return run_command(
+        [
+            mpiexec_path(),
+            "-n",
+            str(processes),
+            *agentenv_command(
+                "train",
+                *arguments,
+                *settings(f"topology.num_learner_ranks={learners}", "run.progress=false"),
+            ),
+        ],
+        timeout=420,
+        cwd=REPO,
+        extra_env=TWO_HOST_DEVICES,
+    )
+
+
+def _summary(run_dir) -> dict:
+    return json.loads((run_dir / "summary.json").read_text())
+
+
+@pytest.mark.slow
+def test_two_learners_learn_cartpole_and_checkpoints_move_between_two_learners_and_one(
+    run_dir,
+):
+    run = run_dir / "two"
+    first = _train(
+        run_dir,
+        2,
+        4,
+        "cartpole_ppo",
+        *settings(
+            f"run.run_dir={run_dir}",
+            "run.name=two",
+            "run.stop_at_return=475",
+            "run.total_env_steps=100000",
+        ),
+    )
+    assert first.returncode == 0, first.stderr[-4000:]
+    summary = _summary(run)
+    assert summary["topology"] == "2 learner + 2 env rank(s), 8 envs, 4 learner device(s)"
+    assert summary["hosts"] == {socket.gethostname(): [0, 1, 2, 3]}
+    assert summary["episode_return_mean"] >= 475
+    assert summary["env_steps"] <= 100_000
+    accounting = summary["accounting"]
+    assert accounting["reconciles"] and accounting["produced"] == accounting["trained"]
+    # Learner 0 alone writes the metrics: one record per update.
+    assert len((run / "metrics.jsonl").read_text().splitlines()) == summary["updates"]
+    saved = [e for e in read_events(run) if e["event"] == "checkpoint"][-1]
+
+    # Saved by 2 learners (4 devices), resumed by 1 (2 devices): the same state goes on.
+    second = _train(run_dir, 1, 3, "--resume", str(run))
+    assert second.returncode == 0, second.stderr[-4000:]
+    resumed = [e for e in read_events(run) if e["event"] == "resume"][-1]
+    assert resumed["update"] == saved["update"]
+    assert resumed["state_checksum"] == pytest.approx(saved["state_checksum"], rel=1e-6)
+    assert _summary(run)["topology"].startswith("1 learner + 2 env rank(s)")
+    saved = [e for e in read_events(run) if e["event"] == "checkpoint"][-1]
+
+    # And back to 2 learners.
+    third = _train(run_dir, 2, 4, "--resume", str(run))
+    assert third.returncode == 0, third.stderr[-4000:]
+    resumed = [e for e in read_events(run) if e["event"] == "resume"][-1]
+    assert resumed["update"] == saved["update"] > summary["updates"]
+    assert resumed["state_checksum"] == pytest.approx(saved["state_checksum"], rel=1e-6)
+    final = _summary(run)
+    assert final["topology"].startswith("2 learner + 2 env rank(s)")
+    whole_run = final["accounting"]
+    assert whole_run["reconciles"] and whole_run["trained"] == final["env_steps"]
+
+
+@pytest.mark.parametrize(
+    ("overrides", "extra_env", "message"),
+    [
+        (
+            [],
+            {"AGENTENV_COORDINATOR_HOST": "unreachable.invalid"},
+            "learner 1 could not reach the coordinator at unreachable.invalid:",
+        ),
+        (
+            ["topology.learner_devices=3"],
+            {},
+            "topology.learner_devices = 3 is not allowed: only 2 local devices are visible",
+        ),
+        (
+            ["topology.learner_devices=3"],
+            {"XLA_FLAGS": "--xla_force_host_platform_device_count=4"},
+            "topology.learner_devices = 3 is not allowed: it times 2 learner processes must "
+            "divide the batch sizes [8, 256]",
+        ),
+    ],
+    ids=["unreachable_coordinator", "more_devices_than_a_learner_has", "mesh_not_dividing_batch"],
+)
+def test_two_learner_start_up_errors_stop_every_rank_with_one_message(
+    run_dir, overrides, extra_env, message
+):
+    started = time.monotonic()
+    proc = run_command(
+        [
+            mpiexec_path(),
+            "-n",
+            "4",
+            *agentenv_command(
+                "train",
+                "cartpole_ppo",
+                *settings(
+                    f"run.run_dir={run_dir}",
+                    "run.name=refused",
+                    "topology.num_learner_ranks=2",
+                    "run.transport_timeout_s=5",
+                    *overrides,
+                ),
+            ),
+        ],
+        timeout=60,
+        cwd=REPO,
+        extra_env={**TWO_HOST_DEVICES, **extra_env},
+    )
+    assert proc.returncode != 0
+    assert time.monotonic() - started < 45
+    assert message in proc.stderr, proc.stderr[-3000:]
+    assert proc.stderr.count("agentenv: error:") == 1, proc.stderr[-3000:]
+    assert not (run_dir / "refused").exists()
