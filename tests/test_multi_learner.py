@@ -112,6 +112,29 @@ def test_two_learners_learn_cartpole_and_checkpoints_move_between_two_learners_a
     assert whole_run["reconciles"] and whole_run["trained"] == final["env_steps"]
 
 
+@pytest.mark.slow
+def test_impala_with_two_learners_reaches_its_threshold_with_bounded_lag(run_dir):
+    """IMPALA's asynchronous env ranks feed two learners: return >= 450 within 500k steps, lag
+    within its bound on every learner's env ranks, the whole run's accounting reconciles."""
+    proc = _train(
+        run_dir,
+        2,
+        4,
+        "cartpole_impala",
+        *settings(f"run.run_dir={run_dir}", "run.name=impala", "run.stop_at_return=450"),
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    summary = _summary(run_dir / "impala")
+    assert summary["topology"] == "2 learner + 2 env rank(s), 16 envs, 4 learner device(s)"
+    assert summary["episode_return_mean"] >= 450 and summary["env_steps"] <= 500_000
+    assert summary["accounting"]["reconciles"]
+    records = [
+        json.loads(line) for line in (run_dir / "impala" / "metrics.jsonl").read_text().splitlines()
+    ]
+    assert max(r["policy_lag_max"] for r in records) <= 2
+    assert len(summary["env_rank_cpu_share"]) == 2
+
+
 @pytest.mark.parametrize(
     ("overrides", "extra_env", "message"),
     [
