@@ -101,15 +101,22 @@ def learner_devices(config: ExperimentConfig, processes: int = 1) -> int:
     import jax
 
     from agentenv_jax.learner.loop import minibatch_size
-    from agentenv_jax.parallel.mesh import choose_num_devices
+    from agentenv_jax.parallel.mesh import choose_mesh_devices, choose_num_devices
 
     if config.algorithm.name == "sac":
         batch_sizes = [config.algorithm.batch_size]
     else:
         batch_sizes = [config.env.global_num_envs, minibatch_size(config)]
-    return choose_num_devices(
-        config.topology.learner_devices, len(jax.local_devices()), batch_sizes, processes
-    )
+    available = len(jax.local_devices())
+    if config.topology.mesh:
+        return choose_mesh_devices(
+            config.topology.data_axis,
+            config.topology.model_axis,
+            available,
+            batch_sizes,
+            processes,
+        )
+    return choose_num_devices(config.topology.learner_devices, available, batch_sizes, processes)
 
 
 def uses_numpy_inference(config: ExperimentConfig, spaces: EnvSpaces, layout: Any) -> bool:

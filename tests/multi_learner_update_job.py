@@ -22,7 +22,7 @@ from agentenv_jax.learner.loop import (
 )
 from agentenv_jax.networks import action_distribution
 from agentenv_jax.parallel.distributed import start_distributed
-from agentenv_jax.parallel.mesh import make_mesh, row_constraint, to_global, to_replicated
+from agentenv_jax.parallel.mesh import make_mesh, place_on_mesh, row_constraint, to_global
 from agentenv_jax.transport.mpi import MPIWorld
 from agentenv_jax.transport.mpi.learners import split_learner_group
 
@@ -49,7 +49,7 @@ def run_updates(mesh, rollout) -> tuple[list[np.ndarray], dict[str, float]]:
         ),
         mesh,
     )
-    state = to_replicated(mesh, state)
+    state = place_on_mesh(mesh, state)
     for _ in range(UPDATES):
         state, metrics = update(state, rollout)
     params = [np.asarray(x) for x in jax.tree.leaves(state.params)]

@@ -116,8 +116,8 @@ def make_rollout(
     }
 
 
-def make_update_setup(num_minibatches: int = 2, seed: int = 0):
-    module, apply_fn = make_actor_critic("discrete", 3, 1, (16,), (16,), "tanh", 0.0)
+def make_update_setup(num_minibatches: int = 2, seed: int = 0, hidden: tuple[int, ...] = (16,)):
+    module, apply_fn = make_actor_critic("discrete", 3, 1, hidden, hidden, "tanh", 0.0)
     params = init_params(module, (4,), jax.random.PRNGKey(seed))
     hp = PPOHyperparams(
         num_epochs=3,

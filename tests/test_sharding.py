@@ -12,8 +12,9 @@ import subprocess
 import sys
 
 import numpy as np
+import pytest
 
-from conftest import REPO
+from conftest import REPO, agentenv_command, run_command, settings
 
 SCRIPT = r"""
 import json
@@ -86,6 +87,54 @@ print("RESULT" + json.dumps(results))
 """
 
 
+MODEL_AXIS_SCRIPT = r"""
+import json
+import jax, numpy as np
+from agentenv_jax.learner.loop import jit_sharded_update
+from agentenv_jax.networks import action_distribution
+from agentenv_jax.algorithms.ppo import make_ppo_update
+from agentenv_jax.parallel.mesh import make_mesh, place_on_mesh, row_constraint
+from agentenv_jax.parallel.partitioning import check_model_axis_divides, state_shardings
+from test_ppo import make_rollout, make_update_setup
+
+rollout = make_rollout(np.random.default_rng(7), 16, 8, 4, 3)
+results = {}
+for name, (n, model) in {"one": (1, 1), "data2_model4": (8, 4)}.items():
+    apply_fn, optimizer, hp, state = make_update_setup(num_minibatches=2, seed=3, hidden=(64, 64))
+    mesh = make_mesh(n, model=model)
+    shardings = state_shardings(mesh, state)
+    update = jit_sharded_update(
+        make_ppo_update(apply_fn, action_distribution("discrete"), optimizer, hp,
+                        constrain_rows=row_constraint(mesh)), mesh, shardings)
+    state = place_on_mesh(mesh, state, shardings)
+    for _ in range(3):
+        state, metrics = update(state, rollout)
+    leaves = jax.tree.leaves(state.params)
+    params_per_device = {}
+    for leaf in leaves:
+        for shard in leaf.addressable_shards:
+            key = shard.device.id
+            params_per_device[key] = params_per_device.get(key, 0) + shard.data.size
+    results[name] = {
+        "params": [np.asarray(x).tolist() for x in leaves],
+        "shapes": [list(x.shape) for x in leaves],
+        "shard_shapes": [list(x.sharding.shard_shape(x.shape)) for x in leaves],
+        "param_count": sum(x.size for x in leaves),
+        "params_per_device": sorted(params_per_device.values()),
+        "mesh_shape": dict(mesh.shape),
+        "metrics": {k: float(v) for k, v in metrics.items()},
+    }
+errors = {}
+for model in (3, 5):
+    try:
+        check_model_axis_divides(make_update_setup(hidden=(64, 64))[3].params, model)
+    except ValueError as err:
+        errors[model] = str(err)
+results["errors"] = errors
+print("RESULT" + json.dumps(results))
+"""
+
+
 def _run_with_eight_host_devices(script: str) -> dict:
     env = dict(os.environ)
     env["XLA_FLAGS"] = "--xla_force_host_platform_device_count=8"
@@ -125,3 +174,73 @@ def test_update_equal_on_one_and_eight_host_devices():
         )
     # The update must actually have moved the parameters for the comparison to mean anything.
     assert one["metrics"]["grad_norm"] > 0
+
+
+def test_update_on_a_data2_model4_mesh_equals_one_device_and_shards_the_parameters():
+    results = _run_with_eight_host_devices(MODEL_AXIS_SCRIPT)
+    one, fsdp = results["one"], results["data2_model4"]
+    assert fsdp["mesh_shape"] == {"data": 2, "model": 4}
+    for a, b in zip(one["params"], fsdp["params"], strict=True):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=2e-5, atol=2e-6)
+    for name, value in one["metrics"].items():
+        np.testing.assert_allclose(fsdp["metrics"][name], value, rtol=1e-4, atol=1e-6, err_msg=name)
+    assert one["metrics"]["grad_norm"] > 0
+    # Every weight matrix is split four ways along its largest dimension; vectors replicated.
+    for shape, shard in zip(fsdp["shapes"], fsdp["shard_shapes"], strict=True):
+        if len(shape) >= 2:
+            axis = int(np.argmax(shape))
+            assert shard[axis] * 4 == shape[axis] and sum(shard) < sum(shape), (shape, shard)
+        else:
+            assert shard == shape
+    # So each of the 8 devices holds about a quarter of the parameters.
+    per_device = fsdp["params_per_device"]
+    assert len(per_device) == 8 and len(set(per_device)) == 1
+    assert 0.25 <= per_device[0] / fsdp["param_count"] < 0.3
+    assert one["params_per_device"] == [one["param_count"]]
+    # A model size that does not divide a layer is refused, naming the layer.
+    for model in ("3", "5"):
+        assert (
+            f"topology.mesh.model = {model} is not allowed: it must divide the largest "
+            in (results["errors"][model])
+        )
+        assert "/kernel has shape [" in results["errors"][model]
+
+
+@pytest.mark.parametrize(
+    ("mesh", "outcome"),
+    [
+        ("{data: 2, model: 4}", "8 learner device(s) (data 2 x model 4)"),
+        ("{data: 4, model: 4}", "topology.mesh = {data: 4, model: 4} is not allowed: it needs 16"),
+        ("{model: 3}", "topology.mesh.model = 3 is not allowed: it must divide the largest"),
+    ],
+    ids=["trains", "more_devices_than_there_are", "model_axis_not_dividing_a_layer"],
+)
+def test_training_on_a_2d_mesh_and_its_start_up_errors(run_dir, mesh, outcome):
+    """`agentenv train` with `topology.mesh` on 8 host devices: a data x model mesh trains,
+    meshes that cannot be built are one clear error."""
+    proc = run_command(
+        agentenv_command(
+            "train",
+            "cartpole_ppo",
+            *settings(
+                f"topology.mesh={mesh}",
+                f"run.run_dir={run_dir}",
+                "run.name=mesh",
+                "run.total_env_steps=1024",
+                "run.progress=false",
+            ),
+        ),
+        timeout=240,
+        cwd=REPO,
+        extra_env={"XLA_FLAGS": "--xla_force_host_platform_device_count=8"},
+    )
+    if outcome.startswith("topology.mesh"):
+        assert proc.returncode != 0
+        assert outcome in proc.stderr and proc.stderr.count("agentenv: error:") == 1, proc.stderr[
+            -3000:
+        ]
+        return
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    summary = json.loads((run_dir / "mesh" / "summary.json").read_text())
+    assert summary["topology"].endswith(outcome)
+    assert summary["env_steps"] >= 1024 and summary["accounting"]["reconciles"]

@@ -234,6 +234,9 @@ class SACConfig:
 AlgorithmConfig = PPOConfig | IMPALAConfig | SACConfig
 
 
+MESH_AXES = ("data", "model")
+
+
 @dataclass(frozen=True)
 class TopologyConfig:
     """How MPI ranks are split into roles; the env-rank count is the rest of the world."""
@@ -242,11 +245,24 @@ class TopologyConfig:
     # one global mesh of all their devices; env rank i feeds learner i % L.
     num_learner_ranks: int = 1  # learner processes (ranks 0..L-1), one per accelerator host
     learner_devices: int = 0  # each learner's local JAX devices in the mesh (0: all local)
+    # Axes and sizes of a 2-D learner mesh, e.g. {data: 2, model: 4}: batches split along data,
+    # parameters and optimizer state sharded along model (FSDP). Empty: every device on data.
+    mesh: dict[str, int] = field(default_factory=dict)  # {data: D, model: M}; {}: all on data
     max_inflight_segments: int = 2  # credits: segments an env rank may have in flight
     single_threaded_env_ranks: bool = True  # run XLA single-threaded on env ranks (small calls)
     # Where the policy runs on env ranks: jit (XLA), numpy (MLP torsos only; a small network's
     # forward pass costs less than a jitted call's dispatch), or auto (numpy for small MLPs).
     env_rank_inference: EnvRankInference = "auto"  # auto, jit or numpy
+
+    @property
+    def model_axis(self) -> int:
+        """Devices along the mesh's `model` axis (1: parameters replicated)."""
+        return self.mesh.get("model", 1)
+
+    @property
+    def data_axis(self) -> int:
+        """Devices along the mesh's `data` axis (0: as many as the devices allow)."""
+        return self.mesh.get("data", 0)
 
     def validate(self, prefix: str) -> None:
         _require(
@@ -260,6 +276,24 @@ class TopologyConfig:
             f"{prefix}.learner_devices",
             self.learner_devices,
             "0 (all local devices) or a positive device count",
+        )
+        for key, size in self.mesh.items():
+            if key not in MESH_AXES:
+                raise ConfigError(
+                    f"{prefix}.mesh.{key} is not allowed: a mesh has the axes "
+                    f"{' and '.join(map(repr, MESH_AXES))} (for example {{data: 2, model: 4}})"
+                )
+            _require(
+                isinstance(size, int) and not isinstance(size, bool) and size >= 1,
+                f"{prefix}.mesh.{key}",
+                size,
+                "an integer >= 1",
+            )
+        _require(
+            not (self.mesh and self.learner_devices),
+            f"{prefix}.learner_devices",
+            self.learner_devices,
+            f"0 when {prefix}.mesh is set (the mesh's sizes say how many devices it takes)",
         )
         _require(
             self.max_inflight_segments >= 1,
@@ -358,6 +392,14 @@ class ExperimentConfig:
     def validate(self) -> None:
         for name in ("env", "network", "algorithm", "topology", "run", "checkpoint"):
             getattr(self, name).validate(name)
+        if self.topology.model_axis > 1:
+            _require(
+                not isinstance(self.algorithm, SACConfig) and self.env.backend != "jax",
+                "topology.mesh.model",
+                self.topology.model_axis,
+                "1 with algorithm.name = 'sac' or env.backend = 'jax' (a model axis shards the "
+                "PPO and IMPALA learners' parameters)",
+            )
         if isinstance(self.algorithm, SACConfig):
             _require(
                 self.network.torso in ("auto", "mlp"),

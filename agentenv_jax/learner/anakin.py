@@ -3,7 +3,7 @@
 One call of the step collects `T` steps from `E` envs (`vmap` over envs, `lax.scan` over time)
 and runs the configured on-policy update on that rollout: the same `make_on_policy_update`,
 GAE / V-trace and losses as the Gymnasium path, fed the same `[T, E]` rollout layout. The env
-axis is sharded over the mesh's `batch` axis, so each device steps its own slice of the envs;
+axis is sharded over the mesh's `data` axis, so each device steps its own slice of the envs;
 parameters and optimizer state are replicated and XLA inserts the gradient all-reduce, as in
 `learner.loop.jit_sharded_update`.
 """

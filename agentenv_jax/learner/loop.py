@@ -52,12 +52,13 @@ from agentenv_jax.networks.grouped import row_groups
 from agentenv_jax.parallel.mesh import (
     env_axis_sharding,
     make_mesh,
+    place_on_mesh,
     replicated,
     row_constraint,
     spans_processes,
     to_global,
-    to_replicated,
 )
+from agentenv_jax.parallel.partitioning import check_model_axis_divides, state_shardings
 from agentenv_jax.transport.base import LearnerChannel, LearnerGroup, SoloLearnerGroup
 from agentenv_jax.transport.spec import MessageSpec
 
@@ -188,14 +189,15 @@ def rollout_shardings(mesh: Mesh) -> dict[str, Any]:
     }
 
 
-def jit_sharded_update(update: Callable, mesh: Mesh) -> Callable:
+def jit_sharded_update(update: Callable, mesh: Mesh, state_sharding: Any = None) -> Callable:
     """Jit `update(state, rollout)` with the rollout's env axis sharded over `mesh` and the
-    train state replicated; the state argument is donated (updated in place)."""
-    state_sharding = replicated(mesh)
+    train state as `state_sharding` (`state_shardings`; replicated by default); the state
+    argument is donated (updated in place)."""
+    state_sharding = replicated(mesh) if state_sharding is None else state_sharding
     return jax.jit(
         update,
         in_shardings=(state_sharding, rollout_shardings(mesh)),
-        out_shardings=(state_sharding, state_sharding),
+        out_shardings=(state_sharding, replicated(mesh)),
         donate_argnums=(0,),
     )
 
@@ -241,7 +243,7 @@ class Learner:
         self.num_updates = num_updates(config, spaces.agents)
 
         module, apply_fn = actor_critic_for(config.network, spaces)
-        self.mesh = make_mesh(num_devices)
+        self.mesh = make_mesh(num_devices, model=config.topology.model_axis)
         update, optimizer = make_on_policy_update(
             config,
             apply_fn,
@@ -259,23 +261,31 @@ class Learner:
                 key=key,
             )
 
+        abstract_state = jax.eval_shape(
+            train_state,
+            actor_critic_param_shapes(module, spaces.obs_shape),
+            jax.ShapeDtypeStruct((2,), jnp.uint32),
+        )
+        check_model_axis_divides(abstract_state.params, config.topology.model_axis)
+        self._state_sharding = state_shardings(self.mesh, abstract_state)
         # The update compiles while the parameters are initialized and the first rollout is
         # collected; only the shapes are needed.
         self._update = CompiledAhead(
-            jit_sharded_update(update, self.mesh),
-            jax.eval_shape(
-                train_state,
-                actor_critic_param_shapes(module, spaces.obs_shape),
-                jax.ShapeDtypeStruct((2,), jnp.uint32),
-            ),
+            jit_sharded_update(update, self.mesh, self._state_sharding),
+            abstract_state,
             rollout_shapes([spec for specs in peers for spec in specs]),
         )
         self._global_batch = spans_processes(self.mesh)
         self._rollout_shardings = rollout_shardings(self.mesh)
         init_key, train_key = jax.random.split(jax.random.PRNGKey(config.run.seed))
         params = init_params(module, spaces.obs_shape, init_key)
-        self.state = to_replicated(self.mesh, jax.jit(train_state)(params, train_key))
-        self._ravel = jax.jit(FlatLayout(self.state.params).ravel)
+        self.state = place_on_mesh(
+            self.mesh, jax.jit(train_state)(params, train_key), self._state_sharding
+        )
+        # Env ranks take one flat vector: gathered whole, however the parameters are sharded.
+        self._ravel = jax.jit(
+            FlatLayout(self.state.params).ravel, out_shardings=replicated(self.mesh)
+        )
         self._obs_stats = norm.empty_stats(spaces.normalizer_dim)
         self._return_stats = norm.empty_stats(1)
         self._param_message = param_spec.allocate()
@@ -345,7 +355,7 @@ class Learner:
 
     def restore(self, state: TrainState, meta: dict[str, Any]) -> None:
         """Continue from a checkpoint: the state and the counters go on from where they were."""
-        self.state = jax.device_put(state, replicated(self.mesh))
+        self.state = jax.device_put(state, self._state_sharding)
         self.updates, self.episodes = int(meta["updates"]), int(meta["episodes"])
         self._before = (
             Accounting(**meta["accounting"])

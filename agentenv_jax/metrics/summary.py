@@ -13,10 +13,12 @@ from agentenv_jax.transport.topology import Topology
 
 
 def describe_topology(topology: Topology, learner) -> str:
+    shape = dict(learner.mesh.shape)
+    axes = f" (data {shape['data']} x model {shape['model']})" if "model" in shape else ""
     return (
         f"{topology.num_learner_ranks} learner + {topology.num_env_ranks} env "
         f"rank(s), {topology.global_num_envs} envs, "
-        f"{len(learner.mesh.devices.flat)} learner device(s)"
+        f"{len(learner.mesh.devices.flat)} learner device(s){axes}"
     )
 
 

@@ -1,9 +1,12 @@
 """The learner's device mesh and the shardings of its state and batches.
 
-One mesh axis, `batch`: rollouts are split along their env axis and minibatches along their row
-axis, parameters and optimizer state are replicated. The update is a plain `jax.jit` over these
-shardings (XLA's SPMD partitioner inserts the gradient all-reduce), which is why the same code
-runs on one device or many and gives the same result to float tolerance.
+By default one mesh axis, `data`: rollouts are split along their env axis and minibatches along
+their row axis, parameters and optimizer state are replicated. The update is a plain `jax.jit`
+over these shardings (XLA's SPMD partitioner inserts the gradient all-reduce), which is why the
+same code runs on one device or many and gives the same result to float tolerance.
+
+For policies too large for one device, a second axis, `model` (`topology.mesh`), shards the
+parameters and optimizer state (see `parallel.partitioning`); batches stay split along `data`.
 
 With several learner processes the mesh is global: each process contributes its first devices,
 process-major, and builds the global batch from its own block of rows
@@ -20,7 +23,8 @@ import jax
 import numpy as np
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
 
-BATCH_AXIS = "batch"
+BATCH_AXIS = "data"  # batches are split along it
+MODEL_AXIS = "model"  # parameters are sharded along it (2-D meshes only)
 
 
 class MeshError(ValueError):
@@ -56,6 +60,46 @@ def choose_num_devices(
     return requested
 
 
+def choose_mesh_devices(
+    data: int, model: int, available: int, batch_sizes: Sequence[int], processes: int = 1
+) -> int:
+    """How many of its local devices each learner process puts in a `data x model` mesh
+    (`topology.mesh`; `data` 0: the most that fit). `MeshError` for a mesh that does not fit
+    the devices or whose data axis does not divide the batch."""
+    described = (
+        f"topology.mesh = {{data: {data}, model: {model}}}"
+        if data
+        else (f"topology.mesh.model = {model}")
+    )
+    if data == 0:
+        fitting = [
+            n
+            for n in range(1, available + 1)
+            if (n * processes) % model == 0
+            and all(b % (n * processes // model) == 0 for b in batch_sizes)
+        ]
+        if not fitting:
+            raise MeshError(
+                f"{described} is not allowed: {available} device(s) per learner process x "
+                f"{processes} process(es) hold no whole multiple of {model}"
+            )
+        return max(fitting)
+    total = data * model
+    if total % processes or total // processes > available:
+        raise MeshError(
+            f"{described} is not allowed: it needs {total} devices, and {processes} learner "
+            f"process(es) have {available} each ({available * processes} in all); it must be a "
+            "multiple of the learner processes that fits their devices"
+        )
+    bad = [b for b in batch_sizes if b % data]
+    if bad:
+        raise MeshError(
+            f"{described} is not allowed: the data axis ({data}) must divide the batch sizes "
+            f"{list(batch_sizes)} (global_num_envs and the minibatch size)"
+        )
+    return total // processes
+
+
 def mesh_devices(num_devices: int) -> list[jax.Device]:
     """The first `num_devices` devices of every process, process-major (with one process: its
     first local devices)."""
@@ -69,11 +113,17 @@ def mesh_devices(num_devices: int) -> list[jax.Device]:
     ]
 
 
-def make_mesh(num_devices: int, devices: Sequence[jax.Device] | None = None) -> Mesh:
-    """A 1-D mesh over `devices[:num_devices]`, or over `num_devices` devices of every learner
-    process (`mesh_devices`)."""
+def make_mesh(
+    num_devices: int, devices: Sequence[jax.Device] | None = None, model: int = 1
+) -> Mesh:
+    """A mesh over `devices[:num_devices]`, or over `num_devices` devices of every learner
+    process (`mesh_devices`): 1-D (`data`) when `model` is 1, else `data x model` with
+    consecutive devices (a process's own, when `model` divides its count) along `model`."""
     devices = list(devices)[:num_devices] if devices is not None else mesh_devices(num_devices)
-    return Mesh(devices, (BATCH_AXIS,), axis_types=(AxisType.Auto,))
+    if model == 1:
+        return Mesh(devices, (BATCH_AXIS,), axis_types=(AxisType.Auto,))
+    grid = np.array(devices, dtype=object).reshape(-1, model)
+    return Mesh(grid, (BATCH_AXIS, MODEL_AXIS), axis_types=(AxisType.Auto, AxisType.Auto))
 
 
 def spans_processes(mesh: Mesh) -> bool:
@@ -87,11 +137,12 @@ def to_global(sharding: NamedSharding, local: np.ndarray) -> jax.Array:
     return jax.make_array_from_process_local_data(sharding, local)
 
 
-def to_replicated(mesh: Mesh, tree: Any) -> Any:
-    """A host pytree (the same on every process) replicated over the mesh."""
+def place_on_mesh(mesh: Mesh, tree: Any, shardings: Any = None) -> Any:
+    """A pytree (the same on every process) put on the mesh with `shardings` (a pytree of
+    them, or one for all leaves; replicated by default)."""
     if spans_processes(mesh):
         tree = jax.device_get(tree)  # a global sharding takes host values, not local arrays
-    return jax.device_put(tree, replicated(mesh))
+    return jax.device_put(tree, replicated(mesh) if shardings is None else shardings)
 
 
 def replicated(mesh: Mesh) -> NamedSharding:
