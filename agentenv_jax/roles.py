@@ -12,7 +12,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from agentenv_jax.config.errors import ConfigError
 from agentenv_jax.config.schema import ExperimentConfig
 from agentenv_jax.transport.topology import Topology
 
@@ -330,11 +329,6 @@ def replay_plan(
     from agentenv_jax.transport.inprocess import InProcessReplayTransport
 
     algo = config.algorithm
-    if topology.multi_learner:
-        raise ConfigError(
-            f"topology.num_learner_ranks = {topology.num_learner_ranks} is not allowed with "
-            "algorithm.name = 'sac' yet: expected 1 (PPO and IMPALA train on several learners)"
-        )
     networks = sac_networks_for(config, spaces)
     actor_layout = FlatLayout(networks.param_shapes[0])
     param_spec = messages.param_message_spec(actor_layout.num_params, spaces.normalizer_dim)
@@ -398,16 +392,20 @@ def replay_plan(
             save_partition=save_partition if config.checkpoint.save_replay else None,
         )
 
+    # Partitions are numbered learner-major: each learner's own form one block.
+    feeders = [topology.env_ranks_of(learner) for learner in range(topology.num_learner_ranks)]
+    learner = topology.learner_index if topology.is_learner else 0
+
     def mpi_actor_channel(world):
         from agentenv_jax.transport.mpi import MPIReplayActorChannel
 
-        return MPIReplayActorChannel(world.comm, 0, *sizes)
+        return MPIReplayActorChannel(world.comm, topology.learner_of(index), *sizes)
 
     def mpi_learner_channel(world):
         from agentenv_jax.transport.mpi import MPIReplayLearnerChannel
 
         return MPIReplayLearnerChannel(
-            world.comm, [topology.env_rank_of(i) for i in range(topology.num_env_ranks)], *sizes
+            world.comm, [topology.env_rank_of(i) for i in feeders[learner]], *sizes
         )
 
     return RolePlan(
@@ -421,10 +419,12 @@ def replay_plan(
             request_spec,
             answer_spec,
             priority_spec,
-            topology.local_num_envs,
+            tuple(topology.local_num_envs[i] for i in topology.learner_major()),
             devices,
             writer,
             progress,
+            group,
+            [len(indices) for indices in feeders],
         ),
         InProcessReplayTransport,
         mpi_actor_channel,

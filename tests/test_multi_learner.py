@@ -40,7 +40,7 @@ def test_update_on_a_global_mesh_of_two_processes_equals_the_one_device_update()
         assert result["loss_diff"] < 1e-5
 
 
-def _train(run_dir, learners: int, processes: int, *arguments: str):
+def _train(run_dir, learners: int, processes: int, *arguments: str, devices: int = 2):
     return run_command(
         [
             mpiexec_path(),
@@ -54,7 +54,7 @@ def _train(run_dir, learners: int, processes: int, *arguments: str):
         ],
         timeout=420,
         cwd=REPO,
-        extra_env=TWO_HOST_DEVICES,
+        extra_env={"XLA_FLAGS": f"--xla_force_host_platform_device_count={devices}"},
     )
 
 
@@ -133,6 +133,31 @@ def test_impala_with_two_learners_reaches_its_threshold_with_bounded_lag(run_dir
     ]
     assert max(r["policy_lag_max"] for r in records) <= 2
     assert len(summary["env_rank_cpu_share"]) == 2
+
+
+@pytest.mark.slow
+def test_sac_with_two_learners_reaches_its_threshold_from_their_partitions(run_dir):
+    """SAC on two learner processes (one device each), each serving the partitions of its own
+    env rank: return >= -300 within 30k env steps; the whole replay reconciles and the sample
+    ratio held."""
+    proc = _train(
+        run_dir,
+        2,
+        4,
+        "pendulum_sac",
+        *settings(f"run.run_dir={run_dir}", "run.name=sac", "run.stop_at_return=-300"),
+        devices=1,
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    summary = _summary(run_dir / "sac")
+    assert summary["topology"] == "2 learner + 2 env rank(s), 4 envs, 2 learner device(s)"
+    assert summary["episode_return_mean"] >= -300 and summary["env_steps"] <= 30_000
+    accounting = summary["accounting"]
+    assert accounting["reconciles"] and accounting["inserted"] == summary["env_steps"]
+    assert accounting["trained"] >= 100 * 128
+    last = json.loads((run_dir / "sac" / "metrics.jsonl").read_text().splitlines()[-1])
+    assert last["replay/sampled"] <= 128 * (last["replay/inserted"] - 1000) + 128 * 2
+    assert len(last["replay/partition_mass"]) == 2 and min(last["replay/partition_mass"]) > 0
 
 
 @pytest.mark.parametrize(

@@ -18,6 +18,7 @@ from typing import Any
 
 import jax
 import numpy as np
+from jax.sharding import NamedSharding, PartitionSpec
 
 from agentenv_jax.buffers.replay import importance_weights, split_batch
 from agentenv_jax.config.schema import ExperimentConfig, SACConfig
@@ -33,7 +34,14 @@ from agentenv_jax.metrics.logger import (
     progress_fields,
 )
 from agentenv_jax.metrics.process_usage import cpu_shares
-from agentenv_jax.parallel.mesh import make_mesh, replicated
+from agentenv_jax.parallel.mesh import (
+    BATCH_AXIS,
+    make_mesh,
+    replicated,
+    spans_processes,
+    to_global,
+)
+from agentenv_jax.transport.base import LearnerGroup, SoloLearnerGroup
 from agentenv_jax.transport.messages import REPLAY_COUNTERS
 from agentenv_jax.transport.spec import MessageSpec
 
@@ -41,7 +49,16 @@ BATCH_FIELDS = ("obs", "action", "reward", "next_obs", "discount")
 
 
 class ReplayLearner:
-    """Owns the SAC train state on the mesh; drives the sharded replay over a replay channel."""
+    """Owns the SAC train state on the mesh; drives the sharded replay over a replay channel.
+
+    With several learner processes (`group`), partitions are numbered learner-major
+    (`partitions_per_learner`) and each learner talks to its own. The learners exchange every
+    partition's answer each round, so all of them hold the same counters, masses, episodes and
+    global batch: the split over partitions is one multinomial draw over all of them (the same
+    generator on every learner), which is the split over learners by their total mass followed
+    by each learner's split over its own. Each learner feeds its block of the batch's rows to
+    the global mesh and sends priorities back to the partitions it holds.
+    """
 
     def __init__(
         self,
@@ -56,9 +73,15 @@ class ReplayLearner:
         num_devices: int,
         writer: MetricsWriter | None,
         progress: ProgressLine | None,
+        group: LearnerGroup | None = None,
+        partitions_per_learner: list[int] | None = None,
     ):
         algo = config.algorithm
         assert isinstance(algo, SACConfig)
+        self._group = group or SoloLearnerGroup()
+        per_learner = partitions_per_learner or [len(local_num_envs)]
+        first = sum(per_learner[: self._group.index])
+        self._own = range(first, first + per_learner[self._group.index])  # global indices
         self.config = config
         self._algo = algo
         self._channel = channel
@@ -88,12 +111,14 @@ class ReplayLearner:
             for name in BATCH_FIELDS
         } | {"weight": jax.ShapeDtypeStruct((algo.batch_size,), np.float32)}
         training = make_sac_training(config, spaces, self.mesh, batch_shapes)
+        self._global_batch = spans_processes(self.mesh)
+        self._row_sharding = NamedSharding(self.mesh, PartitionSpec(BATCH_AXIS))
         self._update = training.update
         self._ravel_actor = training.ravel_actor
         self.state = training.initial_state
 
         self._param_message = param_spec.allocate()
-        self._requests = [request_spec.allocate() for _ in range(self._num_partitions)]
+        self._requests = [request_spec.allocate() for _ in self._own]
         self._priorities = priority_spec.allocate()
         self._requested = np.zeros(self._num_partitions, np.int64)
         self._request_id = 0
@@ -201,7 +226,7 @@ class ReplayLearner:
                 self._learning_starts(),
             )
         save_at, self._save_replay_at = self._save_replay_at, None
-        for i, message in enumerate(self._requests):
+        for i, message in zip(self._own, self._requests, strict=True):
             fields = self._request_spec.views(message)
             fields["request_id"][0] = self._request_id
             fields["count"][0] = counts[i]
@@ -227,7 +252,7 @@ class ReplayLearner:
     def run_once(self) -> dict[str, Any] | None:
         """Take the answers to the last request, request the next batch, train on this one."""
         tick = time.perf_counter()
-        answers = self._channel.wait_answers(self.config.run.transport_timeout_s)
+        answers = self._all_answers(self._channel.wait_answers(self.config.run.transport_timeout_s))
         self._wait_s += time.perf_counter() - tick
         views = [self._answer_spec.views(a) for a in answers]
         for i, answer in enumerate(views):
@@ -258,6 +283,26 @@ class ReplayLearner:
             return None
         return self._train(batch, counts)
 
+    def _all_answers(self, own: list[np.ndarray]) -> list[np.ndarray]:
+        """Every partition's answer this round, learner-major (with one learner: its own)."""
+        if self._group.size == 1:
+            return own
+        size = self._answer_spec.nbytes
+        return [
+            block[start : start + size]
+            for block in self._group.exchange(np.concatenate(own))
+            for start in range(0, len(block), size)
+        ]
+
+    def _on_mesh(self, batch: dict[str, np.ndarray]) -> dict[str, Any]:
+        """The batch as the update takes it: with several learners, each contributes its
+        block of rows to the global array."""
+        if not self._global_batch:
+            return batch
+        rows = len(batch["weight"]) // self._group.size
+        block = slice(self._group.index * rows, (self._group.index + 1) * rows)
+        return {name: to_global(self._row_sharding, v[block]) for name, v in batch.items()}
+
     def _train(self, batch: dict[str, np.ndarray], counts: np.ndarray) -> dict[str, Any]:
         algo = self._algo
         if algo.prioritized:
@@ -270,7 +315,7 @@ class ReplayLearner:
             weights = np.ones(len(batch["reward"]), np.float32)
         device_batch = {name: batch[name] for name in BATCH_FIELDS} | {"weight": weights}
         tick = time.perf_counter()
-        self.state, metrics, td_errors = self._update(self.state, device_batch)
+        self.state, metrics, td_errors = self._update(self.state, self._on_mesh(device_batch))
         td_errors = np.asarray(td_errors)
         self._update_s += time.perf_counter() - tick
         self.trained += len(td_errors)
@@ -290,8 +335,8 @@ class ReplayLearner:
                 fields["slot"][:count] = batch["slot"][rows]
                 fields["generation"][:count] = batch["generation"][rows]
                 fields["td_error"][:count] = td_errors[rows]
-                if count:
-                    self._channel.send_priorities(i, self._priorities)
+                if count and i in self._own:
+                    self._channel.send_priorities(i - self._own.start, self._priorities)
                 offset += count
         if self.updates % algo.param_broadcast_interval == 0:
             self._broadcast()
@@ -344,6 +389,10 @@ class ReplayLearner:
             self.config.run.transport_timeout_s
         )
         prefetched = sum(int(self._answer_spec.views(a)["count"][0]) for _, a in late_answers)
+        # Every learner accounts for the whole run: all partitions' reports, learner-major.
+        gathered = self._group.allgather((reports, prefetched))
+        reports = [report for learner_reports, _ in gathered for report in learner_reports]
+        prefetched = sum(learner_prefetched for _, learner_prefetched in gathered)
         self.accounting = ReplayAccounting.from_reports(
             reports, received=self.sampled, trained=self.trained, prefetched=prefetched
         )

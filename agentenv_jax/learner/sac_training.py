@@ -18,7 +18,13 @@ from agentenv_jax.envs.factory import EnvSpaces
 from agentenv_jax.learner.ahead_of_time import CompiledAhead
 from agentenv_jax.networks.flat_params import FlatLayout
 from agentenv_jax.networks.sac_networks import make_sac_networks
-from agentenv_jax.parallel.mesh import BATCH_AXIS, replicated, row_constraint
+from agentenv_jax.parallel.mesh import (
+    BATCH_AXIS,
+    place_on_mesh,
+    replicated,
+    row_constraint,
+    spans_processes,
+)
 
 
 def sac_networks_for(config: ExperimentConfig, spaces: EnvSpaces):
@@ -74,10 +80,13 @@ def make_sac_training(
 
     state_sharding = replicated(mesh)
     row_sharding = NamedSharding(mesh, PartitionSpec(BATCH_AXIS))
+    # With several learner processes each needs every row's TD error (for the priorities of
+    # its own partitions): they come back replicated.
+    td_sharding = state_sharding if spans_processes(mesh) else row_sharding
     jitted_update = jax.jit(
         update,
         in_shardings=(state_sharding, row_sharding),
-        out_shardings=(state_sharding, state_sharding, row_sharding),
+        out_shardings=(state_sharding, state_sharding, td_sharding),
         donate_argnums=(0,),
     )
     abstract_state = jax.eval_shape(
@@ -91,6 +100,6 @@ def make_sac_training(
     state = jax.jit(train_state)(actor_params, critic_params, train_key)
     return SACTraining(
         update=compiled_update,
-        initial_state=jax.device_put(state, state_sharding),
-        ravel_actor=jax.jit(FlatLayout(actor_params).ravel),
+        initial_state=place_on_mesh(mesh, state),
+        ravel_actor=jax.jit(FlatLayout(actor_params).ravel, out_shardings=state_sharding),
     )

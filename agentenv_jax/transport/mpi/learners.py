@@ -93,17 +93,26 @@ class MPILearnerGroup:
 
     def any(self, flag: bool) -> bool:
         """Whether any learner's `flag` is set (so all of them take the same branch)."""
-        return bool(self._comm.allreduce(int(flag), op=MPI.MAX))
+        mine = np.array([int(flag)], dtype=np.int64)
+        result = np.zeros(1, dtype=np.int64)
+        self._wait(self._comm.Iallreduce(mine, result, op=MPI.MAX), "agree on stopping")
+        return bool(result[0])
 
     def exchange(self, local: np.ndarray) -> list[np.ndarray]:
-        """Every learner's byte buffer, in learner order: one `Allgatherv` (each learner's
+        """Every learner's byte buffer, in learner order: one `Iallgatherv` (each learner's
         size is fixed for the run and agreed once)."""
         if self._counts is None:
             self._counts = self._comm.allgather(int(local.nbytes))
         received = np.empty(sum(self._counts), dtype=np.uint8)
-        self._comm.Allgatherv(local.view(np.uint8), (received, self._counts))
+        request = self._comm.Iallgatherv(local.view(np.uint8), (received, self._counts))
+        self._wait(request, "exchange this round's summaries")
         bounds = np.cumsum([0, *self._counts])
         return [received[a:b] for a, b in zip(bounds[:-1], bounds[1:], strict=True)]
+
+    def _wait(self, request: MPI.Request, what: str) -> None:
+        # NOTE: a blocking collective spins in MPICH; polled with back-off (as every wait of
+        # the transport), a learner that is early yields its core to the others' work.
+        wait_until(request.Test, 3600.0, lambda: f"every learner to {what}")
 
 
 def split_learner_group(world: MPIWorld, num_learners: int) -> MPILearnerGroup | None:
