@@ -1,0 +1,66 @@
+#!/usr/bin/env bash
+# The GPU check: learner update throughput on an accelerator, in under 8 minutes.
+#
+#   bash benchmarks/gpu_check.sh [RESULTS_DIR]      (default: gpu_check/)
+#
+# 1. JAX with its CUDA plugin: kept if the installed JAX already sees a GPU, else installed
+#    (`jax[cuda13]`, or `jax[cuda12]` with CUDA=12), from ./.whl when that folder holds wheels
+#    (machines that cannot reach PyPI), else from PyPI.
+# 2. This package, without its dependencies (those the runs need are checked and installed the
+#    same way).
+# 3. benchmarks/learner_throughput.py on the GPU(s): PPO with the CartPole MLP, PPO with a large
+#    policy on a 2-D mesh (model axis = the GPU count), and SAC. Each prints samples/s, time per
+#    update and peak memory per device; RESULTS_DIR/results.jsonl collects them.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+results=${1:-gpu_check}
+python=${PYTHON:-python3}
+cuda=${CUDA:-13}
+mkdir -p "$results"
+: >"$results/results.jsonl"
+
+install() {
+    if compgen -G ".whl/*.whl" >/dev/null; then
+        "$python" -m pip install -q --no-index --find-links .whl "$@"
+    else
+        "$python" -m pip install -q "$@"
+    fi
+}
+
+sees_gpu() {
+    "$python" -c "import jax, sys; sys.exit(jax.devices()[0].platform != 'gpu')" 2>/dev/null
+}
+
+if ! sees_gpu; then
+    echo "== installing JAX's CUDA plugin (jax[cuda$cuda])"
+    install "jax[cuda$cuda]"
+fi
+sees_gpu || { echo "gpu_check: JAX sees no GPU after installing its CUDA plugin" >&2; exit 1; }
+
+echo "== installing agentenv_jax (no dependencies)"
+"$python" -m pip install -q --no-deps -e .
+for module in flax optax gymnasium yaml; do
+    "$python" -c "import $module" 2>/dev/null || install "$([ $module = yaml ] && echo pyyaml || echo $module)"
+done
+
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv || true
+"$python" -c "import jax; print('jax', jax.__version__, jax.devices())"
+gpus=$("$python" -c "import jax; print(jax.device_count())")
+
+run() {
+    echo "== learner_throughput.py $*"
+    timeout 150 "$python" benchmarks/learner_throughput.py "$@" | tee "$results/last.txt"
+    grep '^RESULT ' "$results/last.txt" | cut -c8- >>"$results/results.jsonl"
+}
+
+# PPO, the CartPole MLP: 2048 envs x 128 steps, 4 epochs of 8 minibatches per update.
+run --algorithm ppo --hidden 64,64 --envs 2048 --rollout 128 --epochs 4 --minibatches 8 \
+    --updates 10
+# PPO with a large policy (3 x 8192 wide, ~270M parameters with both networks) on a
+# data x model mesh: parameters and optimizer state sharded over the GPUs.
+run --algorithm ppo --hidden 8192,8192,8192 --envs 256 --rollout 64 --epochs 2 --minibatches 4 \
+    --mesh "data=1,model=$gpus" --updates 5
+# SAC: a batch of 4096 from the replay, 256-wide networks.
+run --algorithm sac --hidden 256,256 --batch 4096 --updates 200
+rm -f "$results/last.txt"
+echo "== results in $results/results.jsonl"

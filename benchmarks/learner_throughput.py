@@ -1,0 +1,224 @@
+"""Learner update throughput on this machine's devices: samples/s, time per update, memory.
+
+The learner's own update (PPO or SAC, as `Learner` and `ReplayLearner` build it: the same
+optimizer, mesh, shardings and jit) runs on synthetic batches of the experiment's shapes, with
+no env ranks: what the learner can consume, not what env ranks produce. The clock starts after
+`--warmup` updates (compiled and cached) and stops when the last of `--updates` is finished on
+the device (`block_until_ready`); samples/s = rows trained / those seconds. On GPUs, memory is
+each device's peak bytes in use (`memory_stats`); CPUs report none.
+
+    python benchmarks/learner_throughput.py --algorithm ppo --hidden 64,64
+    python benchmarks/learner_throughput.py --algorithm ppo --hidden 4096,4096,4096 \\
+        --mesh data=1,model=1
+    python benchmarks/learner_throughput.py --algorithm sac --batch 4096
+
+`benchmarks/gpu_check.sh` runs these on an accelerator.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+
+import jax
+import numpy as np
+
+from agentenv_jax.config import load_config
+from agentenv_jax.envs.factory import make_vector_env, vector_env_spaces
+
+
+def _spaces(config):
+    env = make_vector_env(config.env, 1)
+    try:
+        return vector_env_spaces(config.env.id, env)
+    finally:
+        env.close()
+
+
+def _random_field(rng: np.random.Generator, name: str, shape, dtype, num_actions: int):
+    if name in ("valid",):
+        return np.ones(shape, dtype)
+    if name in ("terminated", "truncated"):
+        return (rng.random(shape) < 0.01).astype(dtype)
+    if name == "action" and np.issubdtype(dtype, np.integer):
+        return rng.integers(0, num_actions, size=shape).astype(dtype)
+    if name == "log_prob":
+        return np.full(shape, -np.log(max(num_actions, 2)), dtype)
+    return rng.normal(size=shape).astype(dtype)
+
+
+def _memory() -> list[int] | None:
+    stats = [d.memory_stats() for d in jax.local_devices()]
+    if any(s is None for s in stats):
+        return None
+    return [int(s.get("peak_bytes_in_use", s.get("bytes_in_use", 0))) for s in stats]
+
+
+def _time_updates(step, state, batch, warmup: int, updates: int):
+    for _ in range(warmup):
+        state = step(state, batch)
+    jax.block_until_ready(state)
+    started = time.perf_counter()
+    for _ in range(updates):
+        state = step(state, batch)
+    jax.block_until_ready(state)
+    return state, time.perf_counter() - started
+
+
+def ppo_throughput(config, args) -> dict:
+    from agentenv_jax.algorithms.ppo import TrainState
+    from agentenv_jax.buffers.segment_queue import on_policy_segment_spec
+    from agentenv_jax.learner.loop import (
+        jit_sharded_update,
+        make_on_policy_update,
+        rollout_shapes,
+    )
+    from agentenv_jax.networks import action_distribution, actor_critic_for, init_params
+    from agentenv_jax.parallel.mesh import make_mesh, place_on_mesh, row_constraint
+    from agentenv_jax.parallel.partitioning import check_model_axis_divides, state_shardings
+    from agentenv_jax.roles import learner_devices
+
+    spaces = _spaces(config)
+    module, apply_fn = actor_critic_for(config.network, spaces)
+    mesh = make_mesh(learner_devices(config), model=config.topology.model_axis)
+    update, optimizer = make_on_policy_update(
+        config,
+        apply_fn,
+        action_distribution(spaces.action_kind, spaces.action_nvec),
+        1000,
+        row_constraint(mesh),
+    )
+    params = init_params(module, spaces.obs_shape, jax.random.PRNGKey(0))
+    check_model_axis_divides(params, config.topology.model_axis)
+    state = TrainState(
+        params, optimizer.init(params), np.zeros((), np.int32), jax.random.PRNGKey(1)
+    )
+    shardings = state_shardings(mesh, state)
+    state = place_on_mesh(mesh, state, shardings)
+    jitted = jit_sharded_update(update, mesh, shardings)
+    spec = on_policy_segment_spec(
+        spaces, config.algorithm.rollout_length, config.env.global_num_envs
+    )
+    rng = np.random.default_rng(0)
+    rollout = {
+        name: _random_field(rng, name, s.shape, s.dtype, spaces.action_size)
+        for name, s in rollout_shapes([spec]).items()
+    }
+    rollout = jax.device_put(rollout)
+    _, seconds = _time_updates(
+        lambda st, b: jitted(st, b)[0], state, rollout, args.warmup, args.updates
+    )
+    rows = config.algorithm.rollout_length * config.env.global_num_envs
+    return _report(config, mesh, params, rows, seconds, args.updates, "ppo")
+
+
+def sac_throughput(config, args) -> dict:
+    from agentenv_jax.learner.replay_loop import BATCH_FIELDS
+    from agentenv_jax.learner.sac_training import make_sac_training
+    from agentenv_jax.parallel.mesh import make_mesh
+    from agentenv_jax.roles import learner_devices
+
+    spaces = _spaces(config)
+    mesh = make_mesh(learner_devices(config))
+    batch_size = config.algorithm.batch_size
+    obs, act = spaces.obs_shape, (spaces.action_size,)
+    shapes = {
+        "obs": (batch_size, *obs),
+        "action": (batch_size, *act),
+        "reward": (batch_size,),
+        "next_obs": (batch_size, *obs),
+        "discount": (batch_size,),
+        "weight": (batch_size,),
+    }
+    batch_shapes = {k: jax.ShapeDtypeStruct(v, np.float32) for k, v in shapes.items()}
+    assert set(BATCH_FIELDS) <= set(batch_shapes)
+    training = make_sac_training(config, spaces, mesh, batch_shapes)
+    rng = np.random.default_rng(0)
+    batch = {k: rng.normal(size=v).astype(np.float32) for k, v in shapes.items()}
+    batch["discount"][:] = 0.99
+    batch["weight"][:] = 1.0
+    batch = jax.device_put(batch)
+    _, seconds = _time_updates(
+        lambda st, b: training.update(st, b)[0],
+        training.initial_state,
+        batch,
+        args.warmup,
+        args.updates,
+    )
+    params = training.initial_state.actor_params, training.initial_state.critic_params
+    return _report(config, mesh, params, batch_size, seconds, args.updates, "sac")
+
+
+def _report(config, mesh, params, rows: int, seconds: float, updates: int, name: str) -> dict:
+    count = sum(int(np.prod(x.shape)) for x in jax.tree.leaves(params))
+    memory = _memory()
+    return {
+        "algorithm": name,
+        "hidden": list(config.network.actor_hidden),
+        "parameters": count,
+        "mesh": dict(mesh.shape),
+        "devices": [str(d) for d in mesh.devices.flat][:4],
+        "rows_per_update": rows,
+        "update_ms": 1000 * seconds / updates,
+        "samples_per_s": rows * updates / seconds,
+        "peak_memory_mib_per_device": None if memory is None else [m / 2**20 for m in memory],
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--algorithm", choices=("ppo", "sac"), default="ppo")
+    parser.add_argument("--hidden", default="64,64", help="actor and critic widths")
+    parser.add_argument("--envs", type=int, default=64, help="PPO: global envs")
+    parser.add_argument("--rollout", type=int, default=32, help="PPO: rollout length")
+    parser.add_argument("--epochs", type=int, default=4, help="PPO: epochs per update")
+    parser.add_argument("--minibatches", type=int, default=4, help="PPO: minibatches")
+    parser.add_argument("--batch", type=int, default=256, help="SAC: batch size")
+    parser.add_argument("--mesh", default="", help="topology.mesh, e.g. data=1,model=2")
+    parser.add_argument("--warmup", type=int, default=3)
+    parser.add_argument("--updates", type=int, default=20)
+    args = parser.parse_args()
+
+    hidden = f"[{args.hidden}]"
+    mesh = "{" + ", ".join(p.replace("=", ": ") for p in args.mesh.split(",") if p) + "}"
+    common = [f"network.actor_hidden={hidden}", f"network.critic_hidden={hidden}"]
+    if args.mesh:
+        common.append(f"topology.mesh={mesh}")
+    if args.algorithm == "ppo":
+        config = load_config(
+            None,
+            [
+                "env.id=CartPole-v1",
+                f"env.global_num_envs={args.envs}",
+                f"algorithm.rollout_length={args.rollout}",
+                f"algorithm.num_epochs={args.epochs}",
+                f"algorithm.num_minibatches={args.minibatches}",
+                *common,
+            ],
+        )
+        result = ppo_throughput(config, args)
+    else:
+        config = load_config(
+            None,
+            [
+                "env.id=Pendulum-v1",
+                "algorithm.name=sac",
+                f"algorithm.batch_size={args.batch}",
+                "network.activation=relu",
+                *common,
+            ],
+        )
+        result = sac_throughput(config, args)
+    print("RESULT " + json.dumps(result), flush=True)
+    memory = result["peak_memory_mib_per_device"]
+    print(
+        f"{result['algorithm']} hidden {result['hidden']} ({result['parameters']:,} params), "
+        f"mesh {result['mesh']}: {result['samples_per_s']:,.0f} samples/s, "
+        f"{result['update_ms']:.2f} ms per update of {result['rows_per_update']} rows, "
+        f"peak memory per device {'n/a' if memory is None else f'{max(memory):,.0f} MiB'}"
+    )
+
+
+if __name__ == "__main__":
+    main()
