@@ -6,13 +6,25 @@ and checkpoints move between 2 learners and 1."""
 from __future__ import annotations
 
 import json
+import os
+import signal
 import socket
 import sys
 import time
 
 import pytest
 
-from conftest import REPO, agentenv_command, mpiexec_path, read_events, run_command, settings
+from conftest import (
+    REPO,
+    agentenv_command,
+    mpiexec_path,
+    read_events,
+    restorable_checkpoint,
+    run_command,
+    settings,
+    start_job,
+    wait_for_updates,
+)
 
 TWO_HOST_DEVICES = {"XLA_FLAGS": "--xla_force_host_platform_device_count=2"}
 
@@ -212,3 +224,45 @@ def test_two_learner_start_up_errors_stop_every_rank_with_one_message(
     assert message in proc.stderr, proc.stderr[-3000:]
     assert proc.stderr.count("agentenv: error:") == 1, proc.stderr[-3000:]
     assert not (run_dir / "refused").exists()
+
+
+@pytest.mark.slow
+def test_a_killed_second_learner_is_named_and_the_checkpoint_restores(run_dir):
+    """SIGKILL learner 1 of two mid-run: its rank is named and every rank stops within seconds
+    (learner 0 may be waiting inside a cross-process collective); the last checkpoint, saved by
+    both learners together, restores."""
+    run = run_dir / "kill"
+    proc = start_job(
+        [
+            mpiexec_path(),
+            "-n",
+            "4",
+            *agentenv_command(
+                "train",
+                "cartpole_ppo",
+                *settings(
+                    f"run.run_dir={run_dir}",
+                    "run.name=kill",
+                    "topology.num_learner_ranks=2",
+                    "checkpoint.every_updates=5",
+                    "run.transport_timeout_s=20",
+                    "run.progress=false",
+                ),
+            ),
+        ],
+        extra_env=TWO_HOST_DEVICES,
+    )
+    try:
+        wait_for_updates(proc, run, 12, timeout=180)
+        pid = next(e for e in read_events(run) if e["event"] == "start")["processes"]["1"]["pid"]
+        os.kill(pid, signal.SIGKILL)
+        killed_at = time.monotonic()
+        stdout, stderr = proc.communicate(timeout=90)
+        ended_after = time.monotonic() - killed_at
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode != 0
+    assert ended_after < 30
+    assert f"rank 1 (pid {pid}) was killed by SIGKILL" in stderr, (stdout + stderr)[-3000:]
+    assert restorable_checkpoint(run) >= 5

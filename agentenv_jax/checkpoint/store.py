@@ -34,7 +34,10 @@ class CheckpointStore:
         self._manager = ocp.CheckpointManager(
             self.directory,
             options=ocp.CheckpointManagerOptions(max_to_keep=keep, create=True),
-            item_names=("state", "meta"),
+            item_handlers={
+                "state": ocp.StandardCheckpointHandler(),
+                "meta": ocp.JsonCheckpointHandler(),
+            },
         )
         self._last_save = time.monotonic()
 
@@ -73,15 +76,24 @@ class CheckpointStore:
         return dict(restored["meta"])
 
     def restore_raw(self, step: int | None = None) -> tuple[Any, dict[str, Any]]:
-        """The newest (or given) checkpoint as saved, for inspection (host arrays)."""
+        """The newest (or given) checkpoint as saved, for inspection: every array whole on this
+        process's first device, whatever mesh (and however many learner processes) saved it."""
         import orbax.checkpoint as ocp
 
         step = self.latest_step() if step is None else step
         if step is None:
             raise CheckpointError(f"no checkpoint in {self.directory}")
+        saved = self._manager.item_metadata(step)["state"]
+        one_device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
+        abstract = jax.tree.map(
+            lambda leaf: jax.ShapeDtypeStruct(leaf.shape, leaf.dtype, sharding=one_device),
+            getattr(saved, "tree", saved),
+        )
         restored = self._manager.restore(
             step,
-            args=ocp.args.Composite(state=ocp.args.StandardRestore(), meta=ocp.args.JsonRestore()),
+            args=ocp.args.Composite(
+                state=ocp.args.StandardRestore(abstract), meta=ocp.args.JsonRestore()
+            ),
         )
         return restored["state"], dict(restored["meta"])
 
