@@ -52,18 +52,23 @@ def test_update_on_a_global_mesh_of_two_processes_equals_the_one_device_update()
         assert result["loss_diff"] < 1e-5
 
 
+def _command(learners: int, processes: int, *arguments: str) -> list[str]:
+    """`mpiexec -n processes agentenv train ARGUMENTS` with L learners, no progress line."""
+    return [
+        mpiexec_path(),
+        "-n",
+        str(processes),
+        *agentenv_command(
+            "train",
+            *arguments,
+            *settings(f"topology.num_learner_ranks={learners}", "run.progress=false"),
+        ),
+    ]
+
+
 def _train(run_dir, learners: int, processes: int, *arguments: str, devices: int = 2):
     return run_command(
-        [
-            mpiexec_path(),
-            "-n",
-            str(processes),
-            *agentenv_command(
-                "train",
-                *arguments,
-                *settings(f"topology.num_learner_ranks={learners}", "run.progress=false"),
-            ),
-        ],
+        _command(learners, processes, *arguments),
         timeout=420,
         cwd=REPO,
         extra_env={"XLA_FLAGS": f"--xla_force_host_platform_device_count={devices}"},
@@ -199,22 +204,17 @@ def test_two_learner_start_up_errors_stop_every_rank_with_one_message(
 ):
     started = time.monotonic()
     proc = run_command(
-        [
-            mpiexec_path(),
-            "-n",
-            "4",
-            *agentenv_command(
-                "train",
-                "cartpole_ppo",
-                *settings(
-                    f"run.run_dir={run_dir}",
-                    "run.name=refused",
-                    "topology.num_learner_ranks=2",
-                    "run.transport_timeout_s=5",
-                    *overrides,
-                ),
+        _command(
+            2,
+            4,
+            "cartpole_ppo",
+            *settings(
+                f"run.run_dir={run_dir}",
+                "run.name=refused",
+                "run.transport_timeout_s=5",
+                *overrides,
             ),
-        ],
+        ),
         timeout=60,
         cwd=REPO,
         extra_env={**TWO_HOST_DEVICES, **extra_env},
@@ -233,23 +233,17 @@ def test_a_killed_second_learner_is_named_and_the_checkpoint_restores(run_dir):
     both learners together, restores."""
     run = run_dir / "kill"
     proc = start_job(
-        [
-            mpiexec_path(),
-            "-n",
-            "4",
-            *agentenv_command(
-                "train",
-                "cartpole_ppo",
-                *settings(
-                    f"run.run_dir={run_dir}",
-                    "run.name=kill",
-                    "topology.num_learner_ranks=2",
-                    "checkpoint.every_updates=5",
-                    "run.transport_timeout_s=20",
-                    "run.progress=false",
-                ),
+        _command(
+            2,
+            4,
+            "cartpole_ppo",
+            *settings(
+                f"run.run_dir={run_dir}",
+                "run.name=kill",
+                "checkpoint.every_updates=5",
+                "run.transport_timeout_s=20",
             ),
-        ],
+        ),
         extra_env=TWO_HOST_DEVICES,
     )
     try:
