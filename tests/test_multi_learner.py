@@ -260,3 +260,35 @@ def test_a_killed_second_learner_is_named_and_the_checkpoint_restores(run_dir):
     assert ended_after < 30
     assert f"rank 1 (pid {pid}) was killed by SIGKILL" in stderr, (stdout + stderr)[-3000:]
     assert restorable_checkpoint(run) >= 5
+
+
+@pytest.mark.slow
+def test_sigterm_to_the_second_learner_alone_stops_both_with_a_final_checkpoint(run_dir):
+    """A stop signal that reaches learner 1 only: the learners agree on it at the next round,
+    so both stop together, write the final checkpoint and the interrupted summary."""
+    run = run_dir / "term"
+    proc = start_job(
+        _command(
+            2,
+            4,
+            "cartpole_ppo",
+            *settings(f"run.run_dir={run_dir}", "run.name=term", "run.total_env_steps=1000000"),
+        ),
+        extra_env=TWO_HOST_DEVICES,
+    )
+    try:
+        wait_for_updates(proc, run, 5, timeout=180)
+        pid = next(e for e in read_events(run) if e["event"] == "start")["processes"]["1"]["pid"]
+        os.kill(pid, signal.SIGTERM)
+        stdout, stderr = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == 0, (stdout + stderr)[-3000:]
+    summary = _summary(run)
+    assert summary["interrupted"] and summary["accounting"]["reconciles"]
+    events = read_events(run)
+    stopped = [e["update"] for e in events if e["event"] == "interrupted"]
+    assert stopped == [summary["updates"]]
+    assert [e for e in events if e["event"] == "checkpoint"][-1]["update"] == summary["updates"]
+    assert restorable_checkpoint(run) == summary["updates"]
