@@ -59,7 +59,12 @@ from agentenv_jax.parallel.mesh import (
     to_global,
 )
 from agentenv_jax.parallel.partitioning import check_model_axis_divides, state_shardings
-from agentenv_jax.transport.base import LearnerChannel, LearnerGroup, SoloLearnerGroup
+from agentenv_jax.transport.base import (
+    LearnerChannel,
+    LearnerGroup,
+    SoloLearnerGroup,
+    gather_final_reports,
+)
 from agentenv_jax.transport.spec import MessageSpec
 
 # Fields of a segment that form the `[T, B, ...]` rollout the update consumes.
@@ -487,10 +492,7 @@ class Learner:
         late = sum(
             int(self._segment_specs[i].views(buf)["valid"].sum()) for i, buf in late_segments
         )
-        # Every learner reconciles the whole run: all env ranks' reports, learner-major.
-        gathered = self._group.allgather((reports, late))
-        reports = [report for learner_reports, _ in gathered for report in learner_reports]
-        late = sum(learner_late for _, learner_late in gathered)
+        reports, late = gather_final_reports(self._group, reports, late)
         self.accounting = self._before + reconcile(
             reports, received=self.received, trained=self.trained, late=late
         )

@@ -41,7 +41,7 @@ from agentenv_jax.parallel.mesh import (
     spans_processes,
     to_global,
 )
-from agentenv_jax.transport.base import LearnerGroup, SoloLearnerGroup
+from agentenv_jax.transport.base import LearnerGroup, SoloLearnerGroup, gather_final_reports
 from agentenv_jax.transport.messages import REPLAY_COUNTERS
 from agentenv_jax.transport.spec import MessageSpec
 
@@ -389,10 +389,7 @@ class ReplayLearner:
             self.config.run.transport_timeout_s
         )
         prefetched = sum(int(self._answer_spec.views(a)["count"][0]) for _, a in late_answers)
-        # Every learner accounts for the whole run: all partitions' reports, learner-major.
-        gathered = self._group.allgather((reports, prefetched))
-        reports = [report for learner_reports, _ in gathered for report in learner_reports]
-        prefetched = sum(learner_prefetched for _, learner_prefetched in gathered)
+        reports, prefetched = gather_final_reports(self._group, reports, prefetched)
         self.accounting = ReplayAccounting.from_reports(
             reports, received=self.sampled, trained=self.trained, prefetched=prefetched
         )

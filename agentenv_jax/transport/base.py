@@ -98,3 +98,15 @@ class SoloLearnerGroup:
 
     def exchange(self, local: np.ndarray) -> list[np.ndarray]:
         return [local]
+
+
+def gather_final_reports(
+    group: LearnerGroup, reports: list[dict[str, Any]], uncounted: int
+) -> tuple[list[dict[str, Any]], int]:
+    """Every env rank's final report (learner-major) and the sum over learners of `uncounted`
+    (experience that arrived after the last round), so every learner accounts for the whole
+    run."""
+    gathered = group.allgather((reports, uncounted))
+    return [r for learner_reports, _ in gathered for r in learner_reports], sum(
+        count for _, count in gathered
+    )
