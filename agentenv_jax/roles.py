@@ -48,6 +48,7 @@ def check_spaces_fit(config: ExperimentConfig, spaces: EnvSpaces, action_space: 
     from agentenv_jax.networks.torsos import resolve_torso
 
     env_id = config.env.id
+    check_text_settings(config, spaces)
     if spaces.agents > 1 and config.algorithm.name != "ppo":
         raise EnvError(
             f"env.id = {env_id!r} is a multi-agent env ({spaces.agents} agents): "
@@ -80,11 +81,44 @@ def check_spaces_fit(config: ExperimentConfig, spaces: EnvSpaces, action_space: 
         raise EnvError(f"{err} (env.id = {env_id!r} observes Box{spaces.obs_shape})") from None
 
 
+def check_text_settings(config: ExperimentConfig, spaces: EnvSpaces) -> None:
+    """Text envs train by token-level PPO; the text-only settings need a text env."""
+    from agentenv_jax.envs.factory import EnvError
+
+    algo, env_id = config.algorithm, config.env.id
+    if spaces.text is None:
+        if algo.name == "ppo" and (
+            algo.kl_coef > 0 or algo.advantage != "gae" or algo.group_size > 1
+        ):
+            raise EnvError(
+                f"algorithm.kl_coef, algorithm.advantage = 'group' and algorithm.group_size > 1 "
+                f"are for text envs (token-level PPO); env.id = {env_id!r} is not one: set "
+                "kl_coef 0, advantage 'gae' and group_size 1"
+            )
+        return
+    if algo.name != "ppo":
+        raise EnvError(
+            f"env.id = {env_id!r} is a text env: algorithm.name = {algo.name!r} is not "
+            "supported for it; use 'ppo' (token-level PPO; algorithm.advantage = 'group' for "
+            "the critic-free group baseline)"
+        )
+    if config.env.normalize_obs:
+        raise EnvError(
+            f"env.id = {env_id!r} observes token ids: env.normalize_obs = true is not allowed "
+            "(set it false)"
+        )
+
+
 def prepare_env_rank(config: ExperimentConfig, topology: Topology):
     from agentenv_jax.envs.factory import check_first_reset, make_vector_env, vector_env_spaces
 
     index = topology.env_rank_index
-    vector_env = make_vector_env(config.env, topology.local_num_envs[index], config.network.critic)
+    vector_env = make_vector_env(
+        config.env,
+        topology.local_num_envs[index],
+        config.network.critic,
+        group_size=getattr(config.algorithm, "group_size", 1),
+    )
     try:
         check_first_reset(vector_env, config.env)
         spaces = vector_env_spaces(config.env.id, vector_env)
@@ -159,9 +193,21 @@ def build_actor_policy(config, topology, spaces, network=None):
     from agentenv_jax.actor.policy import ActorPolicy, NumpyActorPolicy
     from agentenv_jax.networks import action_distribution
 
-    _, apply_fn, layout = network or actor_critic_network(config, spaces)
+    module, apply_fn, layout = network or actor_critic_network(config, spaces)
+    index = topology.env_rank_index
+    if spaces.text is not None:
+        from agentenv_jax.actor.text_policy import TextPolicy
+
+        return TextPolicy(
+            module,
+            layout.unravel,
+            spaces.text,
+            config.run.seed,
+            topology.env_offsets[index],
+            topology.local_num_envs[index],
+        )
     # Sampling noise is seeded by (seed, global env offset): independent across env ranks.
-    seed_sequence = [config.run.seed, topology.env_offsets[topology.env_rank_index]]
+    seed_sequence = [config.run.seed, topology.env_offsets[index]]
     if uses_numpy_inference(config, spaces, layout):
         return NumpyActorPolicy(
             layout.unravel,
@@ -184,13 +230,66 @@ def build_actor_policy(config, topology, spaces, network=None):
     )
 
 
+def build_central_policy(config, spaces, network, device):
+    """The policy a learner acts with for its env ranks under central inference
+    (`topology.inference: learner`): the env ranks' jitted policy, on the learner's `device`
+    (numpy inference is for env ranks' CPUs)."""
+    from agentenv_jax.actor.policy import ActorPolicy
+    from agentenv_jax.actor.text_policy import TextPolicy
+    from agentenv_jax.networks import action_distribution
+
+    module, apply_fn, layout = network
+    if spaces.text is not None:
+        return TextPolicy(module, layout.unravel, spaces.text, config.run.seed, 0, 0, device)
+    return ActorPolicy(
+        apply_fn,
+        layout.unravel,
+        action_distribution(spaces.action_kind, spaces.action_nvec),
+        spaces.action_size,
+        spaces.action_shape,
+        [config.run.seed, -1],  # unused: every row's noise is its env rank's stream
+        device,
+    )
+
+
+def central_noise_sources(config, topology, spaces, policy, env_indices):
+    """Per env rank of `env_indices`, the noise its own policy would draw, for the learner's
+    server: the same streams as env-rank inference."""
+    if spaces.text is not None:
+        return [
+            policy.noise_source(topology.env_offsets[i], topology.local_num_envs[i] * spaces.agents)
+            for i in env_indices
+        ]
+    return [
+        (lambda draw, n: lambda: draw(n))(
+            policy.noise_source([config.run.seed, topology.env_offsets[i]]),
+            topology.local_num_envs[i] * spaces.agents,
+        )
+        for i in env_indices
+    ]
+
+
 def build_actor(
-    config, topology, vector_env, spaces, channel, segment_spec, param_spec, network=None
+    config,
+    topology,
+    vector_env,
+    spaces,
+    channel,
+    segment_spec,
+    param_spec,
+    network=None,
+    inference_specs=None,
 ):
-    """An env rank's on-policy `Actor` (`network` as for `build_actor_policy`)."""
+    """An env rank's on-policy `Actor` (`network` as for `build_actor_policy`); with
+    `inference_specs` (request, reply), its policy asks the learner (`channel.inference_call`)."""
     from agentenv_jax.actor.loop import Actor
 
-    policy = build_actor_policy(config, topology, spaces, network)
+    if inference_specs is not None:
+        from agentenv_jax.actor.remote_policy import RemotePolicy
+
+        policy = RemotePolicy(channel.inference_call, *inference_specs)
+    else:
+        policy = build_actor_policy(config, topology, spaces, network)
     index = topology.env_rank_index
     return Actor(
         vector_env,
@@ -214,10 +313,17 @@ def build_actor(
 
 
 def actor_critic_network(config: ExperimentConfig, spaces):
-    """The actor-critic module, its apply function and the layout of its flat parameters."""
+    """The actor-critic module, its apply function and the layout of its flat parameters (on a
+    text env: the `LanguageModel`, its `apply`, and its layout)."""
+    from agentenv_jax.networks.flat_params import FlatLayout
+
+    if spaces.text is not None:
+        from agentenv_jax.networks.text_models import language_model_for
+
+        lm = language_model_for(config.network.language_model, spaces.text)
+        return lm, lm.apply, FlatLayout(lm.param_shapes())
     from agentenv_jax.networks import actor_critic_for
     from agentenv_jax.networks.actor_critic import actor_critic_param_shapes
-    from agentenv_jax.networks.flat_params import FlatLayout
 
     module, apply_fn = actor_critic_for(config.network, spaces)
     layout = FlatLayout(actor_critic_param_shapes(module, spaces.obs_shape))
@@ -240,10 +346,27 @@ class RolePlan:
     make_mpi_learner_channel: Callable[[Any], Any]  # (MPIWorld) -> channel
 
 
+def inference_specs(spaces, topology: Topology) -> list[tuple[Any, Any]]:
+    """Each env rank's central-inference (request, reply) layouts."""
+    import numpy as np
+
+    from agentenv_jax.transport.messages import inference_reply_spec, inference_request_spec
+
+    action_dtype = np.dtype(np.float32 if spaces.action_kind == "continuous" else np.int32)
+    per_token = () if spaces.text is None else (spaces.text.response_length,)
+    return [
+        (
+            inference_request_spec(spaces.obs_shape, spaces.obs_dtype, n * spaces.agents),
+            inference_reply_spec(spaces.action_shape, action_dtype, per_token, n * spaces.agents),
+        )
+        for n in topology.local_num_envs
+    ]
+
+
 def on_policy_plan(config: ExperimentConfig, topology: Topology, spaces) -> RolePlan:
     from agentenv_jax.buffers.segment_queue import on_policy_segment_spec
     from agentenv_jax.learner.loop import Learner
-    from agentenv_jax.transport.inprocess import InProcessTransport
+    from agentenv_jax.transport.inprocess import InProcessInference, InProcessTransport
     from agentenv_jax.transport.messages import param_message_spec
 
     network = actor_critic_network(config, spaces)
@@ -252,7 +375,10 @@ def on_policy_plan(config: ExperimentConfig, topology: Topology, spaces) -> Role
         on_policy_segment_spec(spaces, config.algorithm.rollout_length, n * spaces.agents)
         for n in topology.local_num_envs
     ]
-    param_spec = param_message_spec(num_params, spaces.normalizer_dim)
+    central = config.topology.inference == "learner"
+    # With central inference, parameter messages carry the version and statistics only.
+    param_spec = param_message_spec(0 if central else num_params, spaces.normalizer_dim)
+    specs = inference_specs(spaces, topology) if central else None
     inflight = config.topology.max_inflight_segments
     # Each learner's env ranks (indices), and their segment layouts, per learner.
     feeders = [topology.env_ranks_of(learner) for learner in range(topology.num_learner_ranks)]
@@ -260,24 +386,73 @@ def on_policy_plan(config: ExperimentConfig, topology: Topology, spaces) -> Role
     learner = topology.learner_index if topology.is_learner else 0
 
     def mpi_actor_channel(world):
+        from agentenv_jax.roles import env_rank_timeout_s
         from agentenv_jax.transport.mpi import MPIActorChannel
 
-        return MPIActorChannel(
-            world.comm,
-            learner_rank=topology.learner_of(topology.env_rank_index),
-            param_nbytes=param_spec.nbytes,
+        learner_rank = topology.learner_of(topology.env_rank_index)
+        channel = MPIActorChannel(
+            world.comm, learner_rank=learner_rank, param_nbytes=param_spec.nbytes
         )
+        if central:
+            from agentenv_jax.transport.mpi.inference import MPIInferenceClient
+
+            channel.inference_call = MPIInferenceClient(
+                world.comm,
+                learner_rank,
+                specs[topology.env_rank_index][1].nbytes,
+                env_rank_timeout_s(config),
+                channel.stop_requested,
+            ).call
+        return channel
 
     def mpi_learner_channel(world):
         from agentenv_jax.transport.mpi import MPILearnerChannel
 
-        return MPILearnerChannel(
+        env_ranks = [topology.env_rank_of(i) for i in feeders[learner]]
+        channel = MPILearnerChannel(
             world.comm,
-            [topology.env_rank_of(i) for i in feeders[learner]],
+            env_ranks,
             [s.nbytes for s in specs_by_learner[learner]],
             inflight,
             param_spec.nbytes,
         )
+        if central:
+            from agentenv_jax.transport.mpi.inference import MPIInferenceEndpoint
+
+            channel.inference_endpoint = MPIInferenceEndpoint(
+                world.comm,
+                env_ranks,
+                [specs[i][0].nbytes for i in feeders[learner]],
+                [specs[i][1].nbytes for i in feeders[learner]],
+            )
+        return channel
+
+    def make_inprocess():
+        transport = InProcessTransport(inflight)
+        if central:
+            link = InProcessInference(*specs[0])
+            transport.actor.inference_call = link.call
+            transport.learner.inference_endpoint = link
+        return transport
+
+    def make_server(channel, device):
+        """The learner's central inference server for its env ranks."""
+        from agentenv_jax.learner.inference_server import InferenceServer
+
+        policy = build_central_policy(config, spaces, network, device)
+        mine = feeders[learner]
+        endpoint = channel.inference_endpoint
+        server = InferenceServer(
+            policy,
+            endpoint,
+            [specs[i][0] for i in mine],
+            [specs[i][1] for i in mine],
+            central_noise_sources(config, topology, spaces, policy, mine),
+            eos_id=None if spaces.text is None else spaces.text.eos_id,
+        )
+        if hasattr(endpoint, "attach"):
+            endpoint.attach(server)
+        return server
 
     return RolePlan(
         param_spec,
@@ -290,6 +465,7 @@ def on_policy_plan(config: ExperimentConfig, topology: Topology, spaces) -> Role
             segment_specs[topology.env_rank_index],
             param_spec,
             network,
+            specs[topology.env_rank_index] if central else None,
         ),
         lambda channel, devices, writer, progress, group=None: Learner(
             config,
@@ -302,8 +478,9 @@ def on_policy_plan(config: ExperimentConfig, topology: Topology, spaces) -> Role
             progress,
             group,
             specs_by_learner,
+            make_server if central else None,
         ),
-        lambda: InProcessTransport(inflight),
+        make_inprocess,
         mpi_actor_channel,
         mpi_learner_channel,
     )

@@ -15,13 +15,13 @@ from gymnasium.vector import AutoresetMode
 
 from agentenv_jax.actor.episodes import episode_statistics
 from agentenv_jax.actor.policy import ActorPolicy
-from agentenv_jax.buffers.segment_queue import ACTOR_TIMERS, SegmentQueue
+from agentenv_jax.buffers.segment_queue import ACTOR_TIMERS, SegmentQueue, segment_counts
 from agentenv_jax.envs import normalization as norm
 from agentenv_jax.envs.factory import EnvSpaces, autoreset_mode
 from agentenv_jax.envs.faults import fault_mask
 from agentenv_jax.envs.multi_agent.columns import ACTED
 from agentenv_jax.metrics.process_usage import ProcessClock
-from agentenv_jax.transport.base import ActorChannel, TransportError
+from agentenv_jax.transport.base import ActorChannel, CollectionStopped, TransportError
 from agentenv_jax.transport.spec import MessageSpec
 
 
@@ -113,6 +113,9 @@ class Actor:
         self._segments_filled = 0
         self._unreported_transport_s = 0.0
         self.produced = 0
+        self.produced_tokens = 0  # text envs: tokens generated in valid transitions
+        self.episodes_ended = 0
+        self._text = spaces.text is not None
         self.env_faults = 0
         self.sent_segments = 0
         self.stopped = False
@@ -178,7 +181,12 @@ class Actor:
         transport_s = time.perf_counter() - started + self._unreported_transport_s
         buffer = self._queue.acquire()
         fields = self._segment_spec.views(buffer)
-        env_s, inference_s = self._fill_segment(fields)
+        try:
+            env_s, inference_s = self._fill_segment(fields)
+        except CollectionStopped:
+            self._queue.release(buffer)
+            self.stopped = True
+            return False
         timers = {"env_step_s": env_s, "inference_s": inference_s, "transport_wait_s": transport_s}
         fields["actor_seconds"][:] = [timers[name] for name in ACTOR_TIMERS]
         started = time.perf_counter()
@@ -208,6 +216,8 @@ class Actor:
         fields["valid"][...] = 1
         fields["bootstrap_value"][...] = 0.0
         fields["policy_version"][...] = self._version
+        if self._text:
+            fields["episode_success"][...] = np.nan
         scaled_from = 0  # rows before it have their (scaled) reward written
         for t in range(self._rollout_length):
             if t > 0 and self._max_policy_lag > 0:
@@ -247,6 +257,11 @@ class Actor:
             value_rows[t] = value
             terminated = np.asarray(terminated, dtype=bool)
             truncated = np.asarray(truncated, dtype=bool)
+            if self._text:
+                fields["response_tokens"][t] = info["response_tokens"]
+                ended = terminated | truncated
+                if ended.any():
+                    fields["episode_success"][t] = np.where(ended, info["success"], np.nan)
             # (count_nonzero: a few times cheaper than `.any()` on [E] arrays, every step)
             if np.count_nonzero(terminated) or np.count_nonzero(truncated):
                 inference_s += self._end_episodes(
@@ -292,6 +307,9 @@ class Actor:
         fields["sequence"][0] = self._sequence
         fields["env_faults"][0] = self.env_faults
         self.produced += count
+        _, tokens, episodes = segment_counts(fields)
+        self.produced_tokens += tokens
+        self.episodes_ended += episodes
         self._sequence += 1
         self._segments_filled += 1
         return env_s, inference_s
@@ -347,7 +365,8 @@ class Actor:
         if faulted is not None:
             # Zero TD error on the faulted row, so the partial episode's last real step
             # bootstraps as if it had continued.
-            fields["bootstrap_value"][t, faulted] = value[faulted] / max(self._gamma, 1e-8)
+            first_value = value if value.ndim == 1 else value[:, 0]  # text: the first token's
+            fields["bootstrap_value"][t, faulted] = first_value[faulted] / max(self._gamma, 1e-8)
         if self._next_step_mode and ended.any():
             self._pending_reset = ended
         else:
@@ -380,8 +399,19 @@ class Actor:
             "sent": self._queue.sent_transitions,
             "unsent": unsent,
             "segments": self._segments_filled,
+            # What this rank's policy holds of the parameters (0 with central inference).
+            "policy_params": self._policy.num_params,
             **self._clock.report(),
         }
+        if self._text:
+            report |= {
+                "produced_tokens": self.produced_tokens,
+                "sent_tokens": self._queue.sent_tokens,
+                "unsent_tokens": self._queue.unsent_tokens,
+                "produced_episodes": self.episodes_ended,
+                "sent_episodes": self._queue.sent_episodes,
+                "unsent_episodes": self._queue.unsent_episodes,
+            }
         self._channel.send_final_report(report)
         self._env.close()
         return report

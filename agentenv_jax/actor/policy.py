@@ -32,9 +32,11 @@ class ActorPolicy:
         action_size: int,
         action_shape: tuple[int, ...],
         seed_sequence: list[int],
+        device: jax.Device | None = None,
     ):
-        self._device = jax.devices("cpu")[0]
-        self._rng = np.random.default_rng(seed_sequence)
+        # The env rank's CPU, or a learner device for central inference (`actor.central`).
+        self._device = device or jax.devices("cpu")[0]
+        self._own_noise = self.noise_source(seed_sequence)
         self._distribution = distribution
         self._action_size = action_size
         self._action_shape = action_shape
@@ -53,15 +55,32 @@ class ActorPolicy:
         self._act = jax.jit(act)
         self._value = jax.jit(value)
 
-    def set_params(self, flat_params: np.ndarray) -> None:
-        self._params = jax.device_put(np.array(flat_params), self._device)
+    @property
+    def num_params(self) -> int:
+        return 0 if self._params is None else int(self._params.size)
 
-    def _noise(self, num: int) -> np.ndarray:
-        return sampling_noise(self._rng, self._distribution.noise, num, self._action_size)
+    def set_params(self, flat_params: np.ndarray | jax.Array) -> None:
+        if isinstance(flat_params, jax.Array):
+            self._params = flat_params  # already on the devices that act (central inference)
+        else:
+            self._params = jax.device_put(np.array(flat_params), self._device)
+
+    def noise_source(self, seed_sequence: list[int]) -> Callable[[int], np.ndarray]:
+        """`draw(num) -> [num, action_size]` noise from a generator seeded `seed_sequence`: an
+        env rank's own stream (or the central server's copy of it)."""
+        rng = np.random.default_rng(seed_sequence)
+        kind, size = self._distribution.noise, self._action_size
+        return lambda num: sampling_noise(rng, kind, num, size)
 
     def act(self, obs: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """`obs [E, ...]` -> `(action [E, ...], log_prob [E], value [E])` as numpy arrays."""
-        packed = np.asarray(self._act(self._params, obs, self._noise(obs.shape[0])))
+        return self.act_with(obs, self._own_noise(obs.shape[0]))
+
+    def act_with(
+        self, obs: np.ndarray, noise: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """`act` with the noise given: `[E, action_size]` rows of `noise_source` draws."""
+        packed = np.asarray(self._act(self._params, obs, noise))
         action = packed[:, :-2].reshape((obs.shape[0], *self._action_shape))
         if self._distribution.noise == "gumbel":  # categorical: indices, exact in float32
             action = action.astype(np.int32)
@@ -104,8 +123,14 @@ class NumpyActorPolicy:
         self._action_size, self._action_shape = action_size, action_shape
         self._forward_args = (obs_ndim, activation, image_obs)
         self._params: Any = None
+        self._num_params = 0
+
+    @property
+    def num_params(self) -> int:
+        return self._num_params
 
     def set_params(self, flat_params: np.ndarray) -> None:
+        self._num_params = int(flat_params.size)
         # A copy: the message buffer the parameters arrived in is reused for the next version.
         self._params = self._unravel(np.array(flat_params, np.float32))
 

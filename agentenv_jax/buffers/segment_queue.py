@@ -30,18 +30,30 @@ def on_policy_segment_spec(
     Per segment: `last_value [E]` and `last_obs [E, ...]` (after the last step), the
     raw-observation and discounted-return statistics of this
     segment (to merge into the global normalizers), the actor's timers and a sequence number.
+
+    Text envs (`spaces.text`): a transition is one message, `obs [T, E, L]` and
+    `action [T, E, M]` int32 token ids, `log_prob`/`value` per generated token `[T, E, M]`, and
+    two more fields: `response_tokens [T, E]` (tokens generated, EOS included) and
+    `episode_success [T, E]` (1/0 where an episode ended, NaN elsewhere).
     """
     t, e = rollout_length, local_num_envs
     action_dtype = np.float32 if spaces.action_kind == "continuous" else np.int32
     obs_dtype = np.dtype(spaces.obs_dtype)
     d = spaces.normalizer_dim
+    per_token = () if spaces.text is None else (spaces.text.response_length,)
+    text_fields = []
+    if spaces.text is not None:
+        text_fields = [
+            FieldSpec("response_tokens", (t, e), np.int32),
+            FieldSpec("episode_success", (t, e), np.float32),
+        ]
     return MessageSpec(
         [
             FieldSpec("obs", (t, e, *spaces.obs_shape), obs_dtype),
             FieldSpec("action", (t, e, *spaces.action_shape), action_dtype),
             FieldSpec("reward", (t, e), np.float32),
-            FieldSpec("log_prob", (t, e), np.float32),
-            FieldSpec("value", (t, e), np.float32),
+            FieldSpec("log_prob", (t, e, *per_token), np.float32),
+            FieldSpec("value", (t, e, *per_token), np.float32),
             FieldSpec("bootstrap_value", (t, e), np.float32),
             FieldSpec("episode_return", (t, e), np.float32),
             FieldSpec("episode_length", (t, e), np.int32),
@@ -56,8 +68,18 @@ def on_policy_segment_spec(
             FieldSpec("actor_seconds", (len(ACTOR_TIMERS),), np.float64),
             FieldSpec("sequence", (1,), np.int64),
             FieldSpec("env_faults", (1,), np.int64),  # cumulative on this env rank
+            *text_fields,
         ]
     )
+
+
+def segment_counts(fields: dict[str, np.ndarray]) -> tuple[int, int, int]:
+    """What a segment holds, for the accounting: its valid transitions, the tokens they
+    generated (text envs; else 0) and the episodes that ended in it."""
+    valid = fields["valid"].astype(bool)
+    tokens = int(fields["response_tokens"][valid].sum()) if "response_tokens" in fields else 0
+    episodes = int(np.count_nonzero(np.isfinite(fields["episode_return"])))
+    return int(valid.sum()), tokens, episodes
 
 
 class SegmentQueue:
@@ -68,6 +90,10 @@ class SegmentQueue:
         self._free = collections.deque(spec.allocate() for _ in range(capacity))
         self._ready: collections.deque[np.ndarray] = collections.deque()
         self.sent_transitions = 0  # valid transitions in segments handed to the transport
+        self.sent_tokens = 0  # tokens those transitions generated (text envs)
+        self.sent_episodes = 0  # episodes that ended in them
+        self.unsent_tokens = 0  # of the segments `discard_ready` dropped
+        self.unsent_episodes = 0
 
     def acquire(self) -> np.ndarray:
         """A free buffer to write a segment into."""
@@ -82,15 +108,22 @@ class SegmentQueue:
     def pop_ready(self) -> np.ndarray:
         """The oldest ready segment, which the transport is about to send."""
         buffer = self._ready.popleft()
-        self.sent_transitions += int(self.spec.views(buffer)["valid"].sum())
+        transitions, tokens, episodes = segment_counts(self.spec.views(buffer))
+        self.sent_transitions += transitions
+        self.sent_tokens += tokens
+        self.sent_episodes += episodes
         return buffer
 
     def discard_ready(self) -> int:
-        """Drop every unsent segment (shutdown); returns the valid transitions they held."""
+        """Drop every unsent segment (shutdown); returns the valid transitions they held (their
+        tokens and episodes are added to `unsent_tokens` and `unsent_episodes`)."""
         dropped = 0
         while self._ready:
             buffer = self._ready.popleft()
-            dropped += int(self.spec.views(buffer)["valid"].sum())
+            transitions, tokens, episodes = segment_counts(self.spec.views(buffer))
+            dropped += transitions
+            self.unsent_tokens += tokens
+            self.unsent_episodes += episodes
             self._free.append(buffer)
         return dropped
 

@@ -23,6 +23,11 @@ EnvRankInference = Literal["auto", "jit", "numpy"]
 Torso = Literal["auto", "mlp", "nature_cnn", "impala_cnn"]
 CriticInput = Literal["centralised", "independent"]
 PolicySharing = Literal["shared", "per_group"]
+LanguageModelSize = Literal["tiny", "small", "base", "large"]
+ValueTrunk = Literal["shared", "separate"]
+KLPenalty = Literal["reward", "loss"]
+AdvantageEstimator = Literal["gae", "group"]
+InferencePlace = Literal["env_ranks", "learner"]
 
 
 def _require(condition: bool, field_path: str, value: Any, allowed: str) -> None:
@@ -71,8 +76,35 @@ class EnvConfig:
 
 
 @dataclass(frozen=True)
+class LanguageModelConfig:
+    """The decoder-only transformer policy of text envs (`networks.language_model`)."""
+
+    size: LanguageModelSize = "tiny"  # preset: tiny (CPU), small, base (~100 M), large (~1 B)
+    # Overrides of the preset's dimensions (0 keeps the preset's).
+    d_model: int = 0  # width of the residual stream
+    num_layers: int = 0  # transformer blocks
+    num_heads: int = 0  # attention heads (must divide d_model)
+    mlp_dim: int = 0  # hidden width of each block's MLP
+    value_trunk: ValueTrunk = "shared"  # value head on the policy's trunk, or a trunk of its own
+    dtype: Literal["float32", "bfloat16"] = "float32"  # compute dtype (parameters stay float32)
+    init_from: str | None = (
+        None  # local orbax checkpoint of the weights to start from (None: random)
+    )
+
+    def validate(self, prefix: str) -> None:
+        for name in ("d_model", "num_layers", "num_heads", "mlp_dim"):
+            _require(
+                getattr(self, name) >= 0,
+                f"{prefix}.{name}",
+                getattr(self, name),
+                "0 (the preset's) or a positive integer",
+            )
+
+
+@dataclass(frozen=True)
 class NetworkConfig:
-    """The actor-critic: separate actor and critic MLPs, or one CNN torso shared by both heads."""
+    """The actor-critic: separate actor and critic MLPs, or one CNN torso shared by both heads;
+    on text envs, a decoder-only transformer (`language_model`)."""
 
     torso: Torso = "auto"  # auto (nature_cnn for images, else mlp), mlp, nature_cnn, impala_cnn
     actor_hidden: tuple[int, ...] = (64, 64)  # hidden layer widths of the policy MLP
@@ -85,8 +117,10 @@ class NetworkConfig:
     # Agent groups are agents named `<group>_<index>` (PettingZoo's convention): predators and
     # prey, say. per_group gives each group its own actor and critic parameters.
     policies: PolicySharing = "shared"  # multi-agent envs: one policy for all, or one per group
+    language_model: LanguageModelConfig = field(default_factory=LanguageModelConfig)  # text envs
 
     def validate(self, prefix: str) -> None:
+        self.language_model.validate(f"{prefix}.language_model")
         for name in ("actor_hidden", "critic_hidden"):
             widths = getattr(self, name)
             _require(
@@ -117,9 +151,20 @@ class PPOConfig:
     lr_schedule: Schedule = "linear"  # constant, or linear decay to 0 over training
     adam_eps: float = 1e-5  # Adam epsilon
     normalize_advantages: bool = True  # standardize advantages per minibatch
+    # Text envs (token-level PPO: GAE over generated tokens). A frozen copy of the initial
+    # policy is the reference; kl_coef > 0 penalises the KL to it, per token, in the reward
+    # (TRL, OpenRLHF) or as a loss term (k3 estimator, as GRPO does).
+    kl_coef: float = 0.0  # text envs: weight of the KL to the reference policy (0: none)
+    kl_penalty: KLPenalty = "reward"  # text envs: the KL as a per-token reward or a loss term
+    # group: critic-free, each answer's advantage is its reward standardized over the
+    # group_size answers to the same prompt (GRPO); needs a single-turn text env.
+    advantage: AdvantageEstimator = "gae"  # text envs: gae (critic), or group (critic-free)
+    group_size: int = 1  # text envs: answers per prompt (envs in a row share each prompt)
 
     def validate(self, prefix: str) -> None:
         checks = [
+            ("kl_coef", self.kl_coef >= 0.0, "a number >= 0"),
+            ("group_size", self.group_size >= 1, "an integer >= 1"),
             ("rollout_length", self.rollout_length >= 1, "an integer >= 1"),
             ("num_epochs", self.num_epochs >= 1, "an integer >= 1"),
             ("num_minibatches", self.num_minibatches >= 1, "an integer >= 1"),
@@ -139,6 +184,12 @@ class PPOConfig:
             f"{prefix}.value_clip_eps",
             self.value_clip_eps,
             "null or a number > 0",
+        )
+        _require(
+            self.advantage != "group" or self.group_size >= 2,
+            f"{prefix}.group_size",
+            self.group_size,
+            f"an integer >= 2 with {prefix}.advantage = 'group' (answers per prompt)",
         )
 
 
@@ -253,6 +304,10 @@ class TopologyConfig:
     # Where the policy runs on env ranks: jit (XLA), numpy (MLP torsos only; a small network's
     # forward pass costs less than a jitted call's dispatch), or auto (numpy for small MLPs).
     env_rank_inference: EnvRankInference = "auto"  # auto, jit or numpy
+    # SEED RL-style central inference: env ranks send observations and receive actions; each
+    # learner batches its env ranks' requests into one jitted call on its devices (KV-cached
+    # generation for text). Env ranks then never hold the parameters.
+    inference: InferencePlace = "env_ranks"  # where the policy acts: env_ranks or learner
 
     @property
     def model_axis(self) -> int:

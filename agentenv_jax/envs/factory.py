@@ -95,11 +95,22 @@ def _resolve_unwrapped(config: EnvConfig) -> Callable[[], gym.Env]:
 
 
 def make_vector_env(
-    config: EnvConfig, local_num_envs: int, critic: CriticInput = "centralised"
+    config: EnvConfig,
+    local_num_envs: int,
+    critic: CriticInput = "centralised",
+    group_size: int = 1,
 ) -> gym.vector.VectorEnv:
     """The vector env of one env rank. Its autoreset mode is SAME_STEP, or NEXT_STEP (native).
     A multi-agent env (`envs.multi_agent.registry`) comes as its agent columns, with the
-    critic's part of the observation that `critic` asks for."""
+    critic's part of the observation that `critic` asks for. A text env (`envs.text`) is a
+    `TextVectorEnv` whose envs answer each prompt `group_size` times (`algorithm.group_size`)."""
+    from agentenv_jax.envs.text.registry import is_text_env, make_text_vector_env
+
+    if is_text_env(config.id):
+        kwargs = dict(config.kwargs)
+        if group_size > 1:
+            kwargs["group_size"] = group_size
+        return make_text_vector_env(config.id, local_num_envs, kwargs)
     if is_multi_agent(config.id):
         env = make_multi_agent_env(
             config.id, local_num_envs, config.kwargs, config.max_episode_steps
@@ -164,6 +175,20 @@ def make_vector_env(
 def vector_env_spaces(env_id: str, vector_env: gym.vector.VectorEnv) -> EnvSpaces:
     """The spaces of one env of `vector_env` as they travel (`describe_spaces`), with a
     multi-agent env's agents, agent groups and the policy's part of the observation."""
+    text = getattr(vector_env, "text_spec", None)
+    if text is not None:
+        # Token ids travel as they are (int32), not flattened into one-hot vectors.
+        return EnvSpaces(
+            obs_shape=(text.context_length,),
+            action_kind="discrete",
+            action_size=text.vocab_size,
+            action_shape=(text.response_length,),
+            action_low=None,
+            action_high=None,
+            obs_dtype="int32",
+            action_nvec=(text.vocab_size,) * text.response_length,
+            text=text,
+        )
     spaces = describe_spaces(
         env_id, vector_env.single_observation_space, vector_env.single_action_space
     )

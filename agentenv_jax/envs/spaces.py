@@ -41,6 +41,23 @@ class EnvError(ValueError):
 
 
 @dataclasses.dataclass(frozen=True)
+class TextSpec:
+    """How a text env's observations and actions travel (`envs.text`): token ids.
+
+    An observation is the dialogue so far as `context_length` int32 token ids, left-padded with
+    `pad_id` so the newest token is last; an action is one message of `response_length` token
+    ids, ended by `eos_id` and `pad_id` after it (a message without `eos_id` fills all of them).
+    """
+
+    vocab_size: int
+    context_length: int
+    response_length: int
+    pad_id: int
+    bos_id: int
+    eos_id: int
+
+
+@dataclasses.dataclass(frozen=True)
 class EnvSpaces:
     """What the learner needs to know about an env, agreed on at start-up."""
 
@@ -62,6 +79,9 @@ class EnvSpaces:
     group_names: tuple[str, ...] = ()
     # Each agent's Discrete action count when they differ (empty: all have `action_size`).
     agent_action_counts: tuple[int, ...] = ()
+    # Text envs (`envs.text`): observations `[context_length]` and actions `[response_length]`
+    # are int32 token ids; None for every other env.
+    text: TextSpec | None = None
 
     @property
     def agent_id_at(self) -> int:
@@ -79,8 +99,8 @@ class EnvSpaces:
     @property
     def normalizer_dim(self) -> int:
         """Dimension of the running observation statistics: none for images, which are scaled
-        by 1/255 in the network instead (see `check_normalization`)."""
-        return 0 if self.is_image else self.obs_dim
+        by 1/255 in the network instead (see `check_normalization`), nor for token ids."""
+        return 0 if self.is_image or self.text is not None else self.obs_dim
 
 
 def is_image_space(space: gym.Space) -> bool:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -25,7 +25,7 @@ from agentenv_jax.algorithms.ppo import (
     make_optimizer,
     make_ppo_update,
 )
-from agentenv_jax.buffers.segment_queue import ACTOR_TIMERS
+from agentenv_jax.buffers.segment_queue import ACTOR_TIMERS, segment_counts
 from agentenv_jax.config.schema import ExperimentConfig, IMPALAConfig, PPOConfig
 from agentenv_jax.envs import normalization as norm
 from agentenv_jax.envs.factory import EnvSpaces
@@ -40,6 +40,7 @@ from agentenv_jax.metrics.logger import (
     progress_fields,
 )
 from agentenv_jax.metrics.process_usage import cpu_shares
+from agentenv_jax.metrics.text import TextCounters
 from agentenv_jax.networks import (
     ActionDistribution,
     action_distribution,
@@ -95,9 +96,15 @@ SUMMARY_FIELDS = (
 )
 
 
+# Text envs' segments add these to the summary: tokens generated and episode outcomes.
+TEXT_SUMMARY_FIELDS = ("response_tokens", "episode_success")
+
+
 def summary_spec(segment_spec: MessageSpec) -> MessageSpec:
-    """The layout of a segment's summary (`SUMMARY_FIELDS`)."""
-    return MessageSpec([segment_spec[name] for name in SUMMARY_FIELDS])
+    """The layout of a segment's summary (`SUMMARY_FIELDS`, and a text env's)."""
+    names = [f.name for f in segment_spec.fields]
+    extra = [name for name in TEXT_SUMMARY_FIELDS if name in names]
+    return MessageSpec([segment_spec[name] for name in (*SUMMARY_FIELDS, *extra)])
 
 
 def num_updates(config: ExperimentConfig, agents_per_env: int = 1) -> int:
@@ -162,6 +169,54 @@ def make_on_policy_update(
         apply_fn, distribution, optimizer, hp, constrain_rows=constrain_rows, groups=groups
     )
     return update, optimizer
+
+
+class OnPolicyModel(NamedTuple):
+    """What the learner trains, built from the config and the env's spaces: the abstract
+    parameters, their initialization, the pure update and the train state around them."""
+
+    param_shapes: Any  # pytree of jax.ShapeDtypeStruct
+    init_params: Callable[[jax.Array], Any]  # key -> parameters (host arrays)
+    update: Callable  # (state, rollout) -> (state, metrics)
+    train_state: Callable[[Any, jax.Array], Any]  # (params, key) -> state
+
+
+def on_policy_model(
+    config: ExperimentConfig,
+    spaces: EnvSpaces,
+    total_updates: int,
+    constrain_rows: Callable[[jax.Array], jax.Array],
+) -> OnPolicyModel:
+    """The actor-critic of `spaces` (an MLP or CNN; a language model on text envs) and the
+    configured algorithm's update for it."""
+    if spaces.text is not None:
+        from agentenv_jax.learner.text_training import language_model_training
+
+        return language_model_training(config, spaces.text, total_updates, constrain_rows)
+    module, apply_fn = actor_critic_for(config.network, spaces)
+    update, optimizer = make_on_policy_update(
+        config,
+        apply_fn,
+        action_distribution(spaces.action_kind, spaces.action_nvec),
+        total_updates,
+        constrain_rows,
+        agent_row_groups(spaces),
+    )
+
+    def train_state(params: Any, key: jax.Array) -> TrainState:
+        return TrainState(
+            params=params,
+            opt_state=optimizer.init(params),
+            update_count=jnp.zeros((), jnp.int32),
+            key=key,
+        )
+
+    return OnPolicyModel(
+        actor_critic_param_shapes(module, spaces.obs_shape),
+        lambda key: init_params(module, spaces.obs_shape, key),
+        update,
+        train_state,
+    )
 
 
 def agent_row_groups(spaces: EnvSpaces) -> RowGroups | None:
@@ -235,6 +290,7 @@ class Learner:
         progress: ProgressLine | None,
         group: LearnerGroup | None = None,
         peer_segment_specs: list[list[MessageSpec]] | None = None,
+        make_inference_server: Callable[[LearnerChannel, jax.Device], Any] | None = None,
     ):
         self.config = config
         self._channel = channel
@@ -247,45 +303,27 @@ class Learner:
         self._progress = progress
         self.num_updates = num_updates(config, spaces.agents)
 
-        module, apply_fn = actor_critic_for(config.network, spaces)
         self.mesh = make_mesh(num_devices, model=config.topology.model_axis)
-        update, optimizer = make_on_policy_update(
-            config,
-            apply_fn,
-            action_distribution(spaces.action_kind, spaces.action_nvec),
-            self.num_updates,
-            row_constraint(self.mesh),
-            agent_row_groups(spaces),
-        )
-
-        def train_state(params: Any, key: jax.Array) -> TrainState:
-            return TrainState(
-                params=params,
-                opt_state=optimizer.init(params),
-                update_count=jnp.zeros((), jnp.int32),
-                key=key,
-            )
-
+        model = on_policy_model(config, spaces, self.num_updates, row_constraint(self.mesh))
         abstract_state = jax.eval_shape(
-            train_state,
-            actor_critic_param_shapes(module, spaces.obs_shape),
-            jax.ShapeDtypeStruct((2,), jnp.uint32),
+            model.train_state, model.param_shapes, jax.ShapeDtypeStruct((2,), jnp.uint32)
         )
         check_model_axis_divides(abstract_state.params, config.topology.model_axis)
         self._state_sharding = state_shardings(self.mesh, abstract_state)
         # The update compiles while the parameters are initialized and the first rollout is
         # collected; only the shapes are needed.
         self._update = CompiledAhead(
-            jit_sharded_update(update, self.mesh, self._state_sharding),
+            jit_sharded_update(model.update, self.mesh, self._state_sharding),
             abstract_state,
             rollout_shapes([spec for specs in peers for spec in specs]),
         )
         self._global_batch = spans_processes(self.mesh)
         self._rollout_shardings = rollout_shardings(self.mesh)
         init_key, train_key = jax.random.split(jax.random.PRNGKey(config.run.seed))
-        params = init_params(module, spaces.obs_shape, init_key)
         self.state = place_on_mesh(
-            self.mesh, jax.jit(train_state)(params, train_key), self._state_sharding
+            self.mesh,
+            jax.jit(model.train_state)(model.init_params(init_key), train_key),
+            self._state_sharding,
         )
         # Env ranks take one flat vector: gathered whole, however the parameters are sharded.
         self._ravel = jax.jit(
@@ -305,9 +343,19 @@ class Learner:
         self.done = False
         self.accounting: Accounting | None = None
         self.env_rank_cpu_share: list[float] | None = None  # per env rank, at the end
+        self.env_rank_policy_params: list[int] | None = None  # per env rank, at the end
         self._start_time = time.perf_counter()
         self.last_record: dict[str, Any] = {}
         self.steady_rate = SteadyRate()  # steps/s once the first update has compiled
+        self.text = TextCounters(config.run.return_window) if spaces.text is not None else None
+        # Central inference (`topology.inference: learner`): this learner acts for its env
+        # ranks on one of its own devices.
+        self.inference_device = self.mesh.local_mesh.devices.flat[0]
+        self.inference = (
+            None
+            if make_inference_server is None
+            else make_inference_server(channel, self.inference_device)
+        )
 
     @property
     def env_faults(self) -> int:
@@ -356,6 +404,7 @@ class Learner:
             **self._episodes.state(),
             "obs_stats": norm.stats_to_flat(self._obs_stats).tolist(),
             "return_stats": norm.stats_to_flat(self._return_stats).tolist(),
+            **({"text": self.text.state()} if self.text is not None else {}),
         }
 
     def restore(self, state: TrainState, meta: dict[str, Any]) -> None:
@@ -368,6 +417,8 @@ class Learner:
             else Accounting.trained_so_far(int(meta["trained"]))
         )
         self._episodes.load(meta)
+        if self.text is not None and "text" in meta:
+            self.text.load(meta["text"])
         self._obs_stats = _merge_flat_stats(self._obs_stats, np.asarray(meta["obs_stats"]))
         self._return_stats = _merge_flat_stats(self._return_stats, np.asarray(meta["return_stats"]))
         self.done = self.updates >= self.num_updates
@@ -380,8 +431,16 @@ class Learner:
     def _broadcast(self) -> None:
         fields = self._param_spec.views(self._param_message)
         fields["version"][0] = self.version
-        fields["params"][:] = np.asarray(self._ravel(self.state.params))
-        check_finite(self.updates, {}, fields["params"])
+        flat = self._ravel(self.state.params)
+        if self.inference is not None:
+            # The server's copy, on its device; env ranks get no parameters.
+            self.inference.set_params(
+                jax.device_put(flat.addressable_shards[0].data, self.inference_device)
+            )
+            check_finite(self.updates, {}, np.asarray(flat.addressable_shards[0].data))
+        else:
+            fields["params"][:] = np.asarray(flat)
+            check_finite(self.updates, {}, fields["params"])
         fields["obs_stats"][:] = norm.stats_to_flat(self._obs_stats)
         fields["return_stats"][:] = norm.stats_to_flat(self._return_stats)
         self._channel.broadcast_params(self._param_message)
@@ -389,7 +448,10 @@ class Learner:
     def run_once(self) -> dict[str, Any]:
         """One synchronous round: receive, update, broadcast (unless the run is over)."""
         tick = time.perf_counter()
-        buffers = self._channel.receive_round(self.config.run.transport_timeout_s)
+        buffers = self._channel.receive_round(
+            self.config.run.transport_timeout_s,
+            serve=None if self.inference is None else self.inference.serve,
+        )
         wait_s = time.perf_counter() - tick
         segments = [spec.views(buf) for spec, buf in zip(self._segment_specs, buffers, strict=True)]
         rollout = {
@@ -406,6 +468,8 @@ class Learner:
             self._return_stats = _merge_flat_stats(self._return_stats, s["return_stats"])
             self.episodes += self._episodes.add(s["episode_return"], s["episode_length"])
             self.received += int(s["valid"].sum())
+            if self.text is not None:
+                self.text.receive(s)
         if self._global_batch:
             rollout = {
                 name: to_global(self._rollout_shardings[name], value)
@@ -420,12 +484,15 @@ class Learner:
         metrics = {k: float(v) for k, v in jax.device_get(metrics).items()}
         update_s = time.perf_counter() - tick
         self.trained += int(metrics.pop("trained_rows"))
+        if self.text is not None:
+            self.text.trained_tokens += int(metrics.pop("trained_tokens"))
         self.updates += 1
         check_finite(self.updates, metrics)
 
         record = {
             **progress_fields(self, self._start_time, self._episodes.lengths),
             **self._agent_returns(),
+            **(self.text.record(self._start_time) if self.text is not None else {}),
             "policy_lag_mean": float(lag.mean()) if lag.size else 0.0,
             "policy_lag_max": int(lag.max()) if lag.size else 0,
             "policy_lag_hist": np.bincount(lag).tolist() if lag.size else [],
@@ -459,7 +526,7 @@ class Learner:
             return segments
         local = np.concatenate(
             [
-                spec.pack({name: segment[name] for name in SUMMARY_FIELDS})
+                spec.pack({f.name: segment[f.name] for f in spec.fields})
                 for spec, segment in zip(
                     self._summary_specs[self._group.index], segments, strict=True
                 )
@@ -489,14 +556,29 @@ class Learner:
         reports, late_segments = self._channel.collect_final_reports(
             self.config.run.transport_timeout_s
         )
-        late = sum(
-            int(self._segment_specs[i].views(buf)["valid"].sum()) for i, buf in late_segments
-        )
+        late_counts = [
+            segment_counts(self._segment_specs[i].views(buf)) for i, buf in late_segments
+        ]
+        late = sum(c[0] for c in late_counts)
+        if self.text is not None:
+            # Summed over learners like `late`: each holds only its own env ranks' segments.
+            gathered = self._group.allgather(
+                [sum(c[1] for c in late_counts), sum(c[2] for c in late_counts)]
+            )
+            self.text.late_tokens += sum(g[0] for g in gathered)
+            self.text.late_episodes += sum(g[1] for g in gathered)
         reports, late = gather_final_reports(self._group, reports, late)
         self.accounting = self._before + reconcile(
             reports, received=self.received, trained=self.trained, late=late
         )
+        if self.text is not None:
+            self.text.reconcile(reports)
         self.env_rank_cpu_share = cpu_shares(reports)
+        if self.inference is not None and hasattr(self._channel, "inference_endpoint"):
+            close = getattr(self._channel.inference_endpoint, "close", None)
+            if close is not None:
+                close()
+        self.env_rank_policy_params = [int(r.get("policy_params", -1)) for r in reports]
         if self._progress is not None:
             self._progress.close()
         return self.accounting

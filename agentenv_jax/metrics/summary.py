@@ -66,6 +66,13 @@ def write_summary(
         summary["hosts"] = hosts_of(processes)
     if hasattr(learner, "obs_stats"):
         summary["obs_normalizer_count"] = learner.obs_stats.count
+    if getattr(learner, "text", None) is not None:
+        summary |= learner.text.summary()
+    if getattr(learner, "env_rank_policy_params", None) is not None:
+        # The parameters each env rank's policy held at the end: 0 with central inference.
+        summary["env_rank_policy_params"] = learner.env_rank_policy_params
+    if getattr(learner, "inference", None) is not None:
+        summary["central_inference"] = learner.inference.report()
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     if learner.config.run.progress:
         print(format_summary(summary), file=sys.stderr, flush=True)
@@ -140,5 +147,16 @@ def format_summary(summary: dict[str, Any]) -> str:
             f"            sampled {acc['sampled']:,} = trained {acc['trained']:,} + prefetched "
             f"{acc['prefetched']:,}   ({ok})",
         ]
+    for name in ("token", "episode"):
+        text_acc = summary.get(f"{name}_accounting")
+        if text_acc is not None:
+            text_ok = "reconciles" if text_acc["reconciles"] else "DOES NOT RECONCILE"
+            lines.append(
+                f" {name + 's':<10} produced {text_acc['produced']:,} = sent {text_acc['sent']:,}"
+                f" + unsent {text_acc['unsent']:,}; received {text_acc['received']:,} = trained "
+                f"{text_acc['trained']:,} + late {text_acc['late']:,}   ({text_ok})"
+            )
+    if "accuracy" in summary:
+        lines.append(f" accuracy   {summary['accuracy']:.3f} (the last episodes)")
     lines.append("─" * 72)
     return "\n".join(lines)

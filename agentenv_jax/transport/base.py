@@ -17,6 +17,11 @@ class TransportError(RuntimeError):
     """A peer did not answer in time, or the message flow broke its protocol."""
 
 
+class CollectionStopped(Exception):
+    """Central inference: the learner asked the env rank to stop while it waited for actions
+    (the segment it was filling is dropped uncounted, as one not yet begun)."""
+
+
 class ActorChannel(Protocol):
     """An env rank's end: parameters in, segments out under credit-based flow control."""
 
@@ -50,9 +55,11 @@ class LearnerChannel(Protocol):
     def broadcast_params(self, message: np.ndarray) -> None:
         """Send one parameter message to every env rank without waiting for them."""
 
-    def receive_round(self, timeout_s: float) -> list[np.ndarray]:
+    def receive_round(self, timeout_s: float, serve: Any = None) -> list[np.ndarray]:
         """Block until the next segment of every env rank has arrived; return their buffers in
-        env-rank order. They stay valid until `release_round`."""
+        env-rank order. They stay valid until `release_round`. `serve(collecting)`, if given,
+        is called while waiting (central inference), with a function that lists the env-rank
+        indices whose segment has not arrived yet."""
 
     def release_round(self) -> None:
         """Hand the last round's buffers back to the transport and grant a credit each."""

@@ -107,7 +107,8 @@ class _LearnerEnd(_LearnerEndBase):
         super().__init__(hub)
         self._round: list[np.ndarray] = []
 
-    def receive_round(self, timeout_s: float) -> list[np.ndarray]:
+    def receive_round(self, timeout_s: float, serve: Any = None) -> list[np.ndarray]:
+        # (`serve`: central inference is answered as each request is made, in one process.)
         if not self._hub.segments:
             raise TransportError(
                 "in-process learner waits for a segment the env rank has not "
@@ -182,3 +183,28 @@ class _ReplayLearnerEnd(_LearnerEndBase):
         late = [] if self._hub.answer is None else [(0, self._hub.answer)]
         self._hub.answer = None
         return self._final_reports(), late
+
+
+class InProcessInference:
+    """Central inference in one process: the env rank's request is answered at once by the
+    learner's server (`learner.inference_server`), which the learner attaches."""
+
+    def __init__(self, request_spec: Any, reply_spec: Any):
+        self._request_spec = request_spec
+        self._reply_spec = reply_spec
+        self._reply = reply_spec.allocate()
+        self.server: Any = None
+
+    def attach(self, server: Any) -> None:
+        self.server = server
+
+    def poll(self) -> list[int]:
+        return []  # every request is answered as it is made
+
+    def call(self, request: np.ndarray) -> np.ndarray:
+        if self.server is None:
+            raise TransportError("in-process central inference: no learner server attached")
+        self.server.answer(
+            [0], [self._request_spec.views(request)], [self._reply_spec.views(self._reply)]
+        )
+        return self._reply

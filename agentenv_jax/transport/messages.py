@@ -99,3 +99,41 @@ def priority_update_spec(max_rows: int) -> MessageSpec:
             FieldSpec("td_error", (max_rows,), np.float32),
         ]
     )
+
+
+# Central inference (`topology.inference: learner`): an env rank's observations for its
+# learner to act on, and the learner's answer.
+TAG_INFERENCE_REQUEST = 19
+TAG_INFERENCE_REPLY = 20
+INFERENCE_ACT = 0  # request kinds: choose actions (with log-probs and values) ...
+INFERENCE_VALUE = 1  # ... or only V(obs), for bootstrapping
+
+
+def inference_request_spec(
+    obs_shape: tuple[int, ...], obs_dtype: str, num_envs: int
+) -> MessageSpec:
+    """What an env rank asks: the request's kind and its `E` observations."""
+    return MessageSpec(
+        [
+            FieldSpec("kind", (1,), np.int64),
+            FieldSpec("obs", (num_envs, *obs_shape), np.dtype(obs_dtype)),
+        ]
+    )
+
+
+def inference_reply_spec(
+    action_shape: tuple[int, ...],
+    action_dtype: np.dtype,
+    per_token: tuple[int, ...],
+    num_envs: int,
+) -> MessageSpec:
+    """The learner's answer: actions with their log-probs and values (`per_token`: `(M,)` for a
+    text env's messages, else `()`), or `state_value` for a value request."""
+    return MessageSpec(
+        [
+            FieldSpec("action", (num_envs, *action_shape), action_dtype),
+            FieldSpec("log_prob", (num_envs, *per_token), np.float32),
+            FieldSpec("value", (num_envs, *per_token), np.float32),
+            FieldSpec("state_value", (num_envs,), np.float32),
+        ]
+    )

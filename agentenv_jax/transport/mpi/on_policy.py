@@ -3,6 +3,7 @@ versioned parameters out, the stop request and final reports."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -189,11 +190,24 @@ class MPILearnerChannel:
     def broadcast_params(self, message: np.ndarray) -> None:
         self._params.send(message)
 
-    def receive_round(self, timeout_s: float) -> list[np.ndarray]:
+    def receive_round(
+        self, timeout_s: float, serve: Callable[[Callable[[], list[int]]], Any] | None = None
+    ) -> list[np.ndarray]:
         # Each env rank's next segment lands in the slot whose receive was posted first.
         current = [reqs[slot] for reqs, slot in zip(self._slot_reqs, self._next_slot, strict=True)]
+
+        def collecting() -> list[int]:
+            """Env ranks whose segment of this round has not arrived (they still step)."""
+            return [i for i, request in enumerate(current) if not request.Get_status()]
+
+        def arrived() -> bool:
+            if serve is not None:
+                # Central inference: the env ranks' requests are answered while we wait.
+                serve(collecting)
+            return MPI.Request.Testall(current)
+
         wait_until(
-            lambda: MPI.Request.Testall(current),
+            arrived,
             timeout_s,
             lambda: (
                 "a segment from env rank(s) "

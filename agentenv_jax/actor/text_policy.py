@@ -1,0 +1,107 @@
+"""A language-model policy acting on text envs: one jitted, KV-cached generation per vector
+step (`networks.generation`), on an env rank's CPU or on the learner's devices.
+
+Sampling keys are per env row and call, `fold_in(fold_in(PRNGKey(seed), global env index),
+call)`, so what an env is answered does not depend on which rows share a batch: an env rank's
+own policy and the learner's central server (`actor.central`) draw alike.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from agentenv_jax.envs.spaces import TextSpec
+from agentenv_jax.networks.generation import generate
+from agentenv_jax.networks.language_model import LanguageModel
+
+
+class TextPolicy:
+    """`ActorPolicy`'s interface for a language model: `act(obs [E, L])` generates one message
+    per env, `(tokens [E, M] int32, log_probs [E, M], values [E, M])`; `value(obs)` is V of
+    each context `[E]`.
+
+    The noise of a call is `noise_source(...)()`: `int32 [E, 2]` (global env index, call
+    number) per row, from which the jitted call derives each row's key.
+    """
+
+    def __init__(
+        self,
+        lm: LanguageModel,
+        unravel: Callable[[jax.Array], Any],
+        text: TextSpec,
+        seed: int,
+        env_offset: int,
+        num_envs: int,
+        device: jax.Device | None = None,
+    ):
+        self._device = device or jax.devices("cpu")[0]
+        self._params: jax.Array | None = None
+        self._own_noise = self.noise_source(env_offset, num_envs)
+        base = jax.random.PRNGKey(seed)
+
+        def act(flat_params, context, rows):
+            params = unravel(flat_params)
+
+            def one(row_context, row):
+                key = jax.random.fold_in(jax.random.fold_in(base, row[0]), row[1])
+                out = generate(
+                    lm,
+                    params,
+                    row_context[None],
+                    key,
+                    response_length=text.response_length,
+                    pad_id=text.pad_id,
+                    eos_id=text.eos_id,
+                )
+                return out.tokens[0], out.log_probs[0], out.values[0]
+
+            return jax.vmap(one)(context, rows)
+
+        def value(flat_params, context):
+            return lm.context_value(unravel(flat_params), context, text.pad_id)
+
+        self._act = jax.jit(act)
+        self._value = jax.jit(value)
+
+    @staticmethod
+    def noise_source(env_offset: int, num_envs: int) -> Callable[[], np.ndarray]:
+        """The per-call noise of envs `env_offset .. env_offset + num_envs - 1`: their global
+        indices and the number of calls made for them so far."""
+        rows = np.arange(env_offset, env_offset + num_envs, dtype=np.int32)
+        calls = [0]
+
+        def draw() -> np.ndarray:
+            out = np.stack([rows, np.full_like(rows, calls[0])], axis=1)
+            calls[0] += 1
+            return out
+
+        return draw
+
+    @property
+    def num_params(self) -> int:
+        return 0 if self._params is None else int(self._params.size)
+
+    def set_params(self, flat_params: np.ndarray | jax.Array) -> None:
+        if isinstance(flat_params, jax.Array):
+            self._params = flat_params  # already on the devices that act (central inference)
+        else:
+            self._params = jax.device_put(np.array(flat_params), self._device)
+
+    def act_with(
+        self, obs: np.ndarray, noise: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        tokens, log_probs, values = jax.device_get(
+            self._act(self._params, jnp.asarray(obs, jnp.int32), noise)
+        )
+        return tokens, log_probs, values
+
+    def act(self, obs: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        return self.act_with(obs, self._own_noise())
+
+    def value(self, obs: np.ndarray) -> np.ndarray:
+        return np.asarray(self._value(self._params, jnp.asarray(obs, jnp.int32)))

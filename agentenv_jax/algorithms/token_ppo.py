@@ -1,0 +1,291 @@
+"""Token-level PPO for language-model policies on text envs, as pure, jit-able functions.
+
+An env step is one message: the policy reads the dialogue so far (`obs [T, B, L]` token ids)
+and generates a response (`action [T, B, M]` token ids, ended by EOS). The env's reward belongs
+to the message's last token; advantages and value targets are per generated token, by GAE over
+the tokens of a segment in order (message t's tokens, then message t+1's), so a multi-turn
+dialogue is one sequence of decisions. A frozen reference policy (the initial parameters)
+anchors training: its per-token log-probabilities give a KL penalty in the reward or a loss
+term. With `advantage = "group"` the critic is dropped (GRPO): each answer's advantage is its
+reward standardized over the answers to the same prompt. The clipped surrogate, value loss and
+masked statistics are PPO's own (`algorithms.ppo`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from typing import Any
+
+import flax.struct
+import jax
+import jax.numpy as jnp
+import optax
+
+from agentenv_jax.algorithms.ppo import (
+    Batch,
+    Params,
+    approx_kl,
+    clipped_surrogate_loss,
+    masked_mean,
+    standardize,
+    value_loss,
+)
+
+# `score(params, context [N, L], response [N, M]) -> (log_probs, values, entropy, mask)`, each
+# `[N, M]`: the policy's view of a generated response (`networks.language_model`).
+ScoreFn = Callable[
+    [Params, jax.Array, jax.Array], tuple[jax.Array, jax.Array, jax.Array, jax.Array]
+]
+
+
+@flax.struct.dataclass
+class TokenTrainState:
+    """The learner's state for a language-model policy: `TrainState`'s fields and the frozen
+    reference parameters (the initial policy), one pytree for one checkpoint."""
+
+    params: Params
+    ref_params: Params
+    opt_state: optax.OptState
+    update_count: jax.Array  # int32 scalar, completed updates
+    key: jax.Array  # PRNG key for minibatch shuffling
+
+
+@dataclasses.dataclass(frozen=True)
+class TokenPPOHyperparams:
+    """The static settings the update closes over (see `PPOConfig` for their meaning)."""
+
+    num_epochs: int
+    num_minibatches: int
+    gamma: float
+    gae_lambda: float
+    clip_eps: float
+    value_clip_eps: float | None
+    vf_coef: float
+    ent_coef: float
+    normalize_advantages: bool
+    kl_coef: float
+    kl_penalty: str  # "reward" or "loss"
+    advantage: str  # "gae" or "group"
+    group_size: int
+
+
+def last_token_mask(mask: jax.Array) -> jax.Array:
+    """`mask [..., M]` (1 for a message's generated tokens, a prefix) -> 1 at its last token."""
+    following = jnp.concatenate([mask[..., 1:], jnp.zeros_like(mask[..., :1])], axis=-1)
+    return mask * (1.0 - following)
+
+
+def token_gae(
+    token_rewards: jax.Array,
+    values: jax.Array,
+    mask: jax.Array,
+    terminated: jax.Array,
+    truncated: jax.Array,
+    bootstrap_value: jax.Array,
+    last_value: jax.Array,
+    gamma: float,
+    gae_lambda: float,
+) -> tuple[jax.Array, jax.Array]:
+    """GAE over the generated tokens of a segment, message after message.
+
+    Args:
+      token_rewards: `[T, B, M]` reward of each token (the env's reward on a message's last
+        token, KL penalties on any).
+      values: `[T, B, M]` V of the state before each token was generated.
+      mask: `[T, B, M]` 1 for generated tokens of valid messages (a prefix of each message;
+        all 0 for a padding row), 0 elsewhere: masked tokens are skipped.
+      terminated, truncated: `[T, B]` bool, the episode ended with message t.
+      bootstrap_value: `[T, B]` V(final observation) where truncated.
+      last_value: `[B]` V of the observation after the segment's last message.
+      gamma, gae_lambda: per-token discount and GAE lambda.
+
+    Returns `(advantages, returns)`, `[T, B, M]`, 0 at masked tokens.
+    """
+    t, b, m = values.shape
+    last = last_token_mask(mask)
+    # One time axis of T * M tokens, time-major.
+    flat = lambda x: jnp.swapaxes(x, 1, 2).reshape(t * m, b)  # noqa: E731
+    per_token = lambda x: jnp.broadcast_to(x[:, :, None], (t, b, m))  # noqa: E731
+    is_last = flat(last) > 0
+    term = flat(per_token(terminated.astype(bool))) & is_last
+    trunc = flat(per_token(truncated.astype(bool) & ~terminated.astype(bool))) & is_last
+    boot = flat(per_token(bootstrap_value))
+
+    def step(carry, x):
+        next_value, next_adv = carry
+        reward, value, valid, term_t, trunc_t, boot_t = x
+        nv = jnp.where(term_t, 0.0, jnp.where(trunc_t, boot_t, next_value))
+        cont = 1.0 - (term_t | trunc_t).astype(values.dtype)
+        delta = reward + gamma * nv - value
+        adv = delta + gamma * gae_lambda * cont * next_adv
+        valid = valid > 0
+        carry = (jnp.where(valid, value, next_value), jnp.where(valid, adv, next_adv))
+        return carry, jnp.where(valid, adv, 0.0)
+
+    xs = (flat(token_rewards), flat(values), flat(mask), term, trunc, boot)
+    init = (last_value.astype(values.dtype), jnp.zeros_like(last_value, dtype=values.dtype))
+    _, advantages = jax.lax.scan(step, init, xs, reverse=True)
+    advantages = jnp.swapaxes(advantages.reshape(t, m, b), 1, 2)
+    returns = (advantages + values) * mask
+    return advantages, returns
+
+
+def group_advantages(
+    reward: jax.Array, valid: jax.Array, group_size: int, eps: float = 1e-6
+) -> jax.Array:
+    """GRPO's critic-free advantage: `reward [T, B]` standardized over each group of
+    `group_size` consecutive envs (the answers to one prompt), over valid rows `valid [T, B]`.
+    Returns `[T, B]` (0 on invalid rows; 0 for a group whose answers all scored alike)."""
+    t, b = reward.shape
+    r = reward.reshape(t, b // group_size, group_size)
+    v = valid.astype(reward.dtype).reshape(r.shape)
+    count = jnp.maximum(v.sum(-1, keepdims=True), 1.0)
+    mean = (r * v).sum(-1, keepdims=True) / count
+    std = jnp.sqrt((((r - mean) ** 2) * v).sum(-1, keepdims=True) / count)
+    return ((r - mean) / (std + eps) * v).reshape(t, b)
+
+
+def kl_k3(log_prob: jax.Array, ref_log_prob: jax.Array) -> jax.Array:
+    """The unbiased, non-negative per-token estimator of KL(pi || ref) from samples of pi:
+    `exp(ref - logp) - (ref - logp) - 1` (Schulman, 2020; GRPO's KL term)."""
+    diff = ref_log_prob - log_prob
+    return jnp.expm1(diff) - diff
+
+
+def make_token_ppo_loss(
+    score_fn: ScoreFn, hp: TokenPPOHyperparams
+) -> Callable[[Params, Batch, jax.Array], tuple[jax.Array, dict[str, jax.Array]]]:
+    """The loss of one minibatch of messages: `obs [N, L]`, `action [N, M]`, `log_prob`,
+    `value`, `ref_log_prob`, `advantage`, `return`, `mask` (all `[N, M]`)."""
+
+    def loss_fn(params: Params, mb: Batch, clip_eps: jax.Array):
+        log_probs, values, entropy, _ = score_fn(params, mb["obs"], mb["action"])
+        mask = mb["mask"]
+        log_ratio = (log_probs - mb["log_prob"]) * mask
+        advantages = mb["advantage"]
+        if hp.normalize_advantages:
+            advantages = standardize(advantages, mask)
+        policy_loss, clip_fraction = clipped_surrogate_loss(log_ratio, advantages, clip_eps, mask)
+        entropy_mean = masked_mean(entropy, mask)
+        total = policy_loss - hp.ent_coef * entropy_mean
+        metrics = {
+            "loss/policy": policy_loss,
+            "loss/entropy": entropy_mean,
+            "approx_kl": approx_kl(log_ratio, mask),
+            "clip_fraction": clip_fraction,
+        }
+        if hp.advantage == "gae":
+            v_loss = value_loss(values, mb["value"], mb["return"], hp.value_clip_eps, mask)
+            total = total + hp.vf_coef * v_loss
+            metrics["loss/value"] = v_loss
+        if hp.kl_coef > 0 and hp.kl_penalty == "loss":
+            kl = masked_mean(kl_k3(log_probs, mb["ref_log_prob"]), mask)
+            total = total + hp.kl_coef * kl
+            metrics["loss/kl"] = kl
+        metrics["loss/total"] = total
+        return total, metrics
+
+    return loss_fn
+
+
+def make_token_ppo_update(
+    score_fn: ScoreFn,
+    optimizer: optax.GradientTransformation,
+    hp: TokenPPOHyperparams,
+    constrain_rows: Callable[[jax.Array], jax.Array] = lambda x: x,
+) -> Callable[[TokenTrainState, Batch], tuple[TokenTrainState, dict[str, jax.Array]]]:
+    """Return `update(state, rollout) -> (state, metrics)`, one token-level PPO update.
+
+    `rollout` is time-major over messages: `obs [T, B, L]` and `action [T, B, M]` int32 token
+    ids, behaviour `log_prob`/`value` `[T, B, M]`, `reward`, `bootstrap_value` `[T, B]`
+    float32, `terminated`, `truncated`, `valid` `[T, B]` and `last_value [B]`. Minibatches are
+    drawn over messages; `constrain_rows` pins arrays whose leading axis is the message axis.
+    """
+    loss_fn = make_token_ppo_loss(score_fn, hp)
+    grad_fn = jax.grad(loss_fn, has_aux=True)
+
+    def update(state: TokenTrainState, rollout: Batch) -> tuple[TokenTrainState, Any]:
+        t, b = rollout["reward"].shape
+        num_rows = t * b
+        rows = lambda x: constrain_rows(x.reshape((num_rows,) + x.shape[2:]))  # noqa: E731
+        obs, action = rows(rollout["obs"]), rows(rollout["action"])
+        # The reference policy's log-probs of what was generated, once per update.
+        ref_log_prob, _, _, token_mask = score_fn(state.ref_params, obs, action)
+        ref_log_prob = ref_log_prob.reshape(t, b, -1)
+        valid = rollout["valid"].astype(jnp.float32)
+        mask = token_mask.reshape(t, b, -1) * valid[:, :, None]
+        behaviour = rollout["log_prob"] * mask
+        sample_kl = (behaviour - ref_log_prob) * mask  # log pi_behaviour - log pi_ref, per token
+        terminated = rollout["terminated"].astype(bool)
+        truncated = rollout["truncated"].astype(bool)
+        if hp.advantage == "group":
+            per_message = group_advantages(rollout["reward"], valid, hp.group_size)
+            advantages = per_message[:, :, None] * mask
+            returns = jnp.zeros_like(advantages)
+        else:
+            rewards = last_token_mask(mask) * rollout["reward"][:, :, None]
+            if hp.kl_coef > 0 and hp.kl_penalty == "reward":
+                rewards = rewards - hp.kl_coef * sample_kl
+            advantages, returns = token_gae(
+                rewards,
+                rollout["value"] * mask,
+                mask,
+                terminated,
+                truncated,
+                rollout["bootstrap_value"],
+                rollout["last_value"],
+                hp.gamma,
+                hp.gae_lambda,
+            )
+        flat = {
+            "obs": obs,
+            "action": action,
+            "log_prob": rows(behaviour),
+            "value": rows(rollout["value"] * mask),
+            "ref_log_prob": rows(ref_log_prob),
+            "advantage": rows(advantages),
+            "return": rows(returns),
+            "mask": rows(mask),
+        }
+        minibatch_size = num_rows // hp.num_minibatches
+        clip_eps = jnp.float32(hp.clip_eps)
+
+        def epoch(carry, key):
+            order = jax.random.permutation(key, num_rows)[: minibatch_size * hp.num_minibatches]
+            minibatches = {
+                k: v[order].reshape((hp.num_minibatches, minibatch_size) + v.shape[1:])
+                for k, v in flat.items()
+            }
+
+            def step(carry, mb):
+                params, opt_state = carry
+                mb = {k: constrain_rows(v) for k, v in mb.items()}
+                grads, metrics = grad_fn(params, mb, clip_eps)
+                updates, opt_state = optimizer.update(grads, opt_state, params)
+                params = optax.apply_updates(params, updates)
+                metrics["grad_norm"] = optax.tree.norm(grads)
+                return (params, opt_state), metrics
+
+            return jax.lax.scan(step, carry, minibatches)
+
+        key, epoch_key = jax.random.split(state.key)
+        (params, opt_state), metrics = jax.lax.scan(
+            epoch, (state.params, state.opt_state), jax.random.split(epoch_key, hp.num_epochs)
+        )
+        metrics = jax.tree.map(jnp.mean, metrics)
+        tokens = jnp.sum(mask)
+        metrics["kl_to_reference"] = jnp.sum(sample_kl) / jnp.maximum(tokens, 1.0)
+        if hp.advantage == "gae":
+            metrics["value_error"] = masked_mean((returns - rollout["value"]) ** 2, mask)
+            metrics["value_target_mean"] = masked_mean(returns, mask)
+        metrics["response_length_mean"] = tokens / jnp.maximum(jnp.sum(valid), 1.0)
+        # Counted here, from what the device holds, for the run's accounting.
+        metrics["trained_rows"] = jnp.sum(rollout["valid"].astype(jnp.int32))
+        metrics["trained_tokens"] = jnp.sum(mask).astype(jnp.int32)
+        new_state = state.replace(
+            params=params, opt_state=opt_state, update_count=state.update_count + 1, key=key
+        )
+        return new_state, metrics
+
+    return update

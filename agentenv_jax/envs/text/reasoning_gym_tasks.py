@@ -1,0 +1,156 @@
+"""Single-turn text tasks from reasoning-gym's procedural datasets (`reasoning_gym/<dataset>`).
+
+reasoning-gym (`pip install 'agentenv_jax[text]'`) generates each question from a seed, and the
+few data files it needs (word lists) ship in the wheel: nothing is downloaded. Its import is
+lazy, so this module loads without it. The datasets below are the ones tested here; their
+difficulty is set through dataset kwargs, which pass to the dataset's config as they are:
+
+* `basic_arithmetic`: `min_terms`/`max_terms`, `min_digits`/`max_digits`, `operators`
+  (of `+-*/`), `allow_parentheses`, `allow_negation`;
+* `chain_sum`: `min_terms`/`max_terms`, `min_digits`/`max_digits`, `allow_negation`;
+* `leg_counting`: `min_animals`/`max_animals`, `min_instances`/`max_instances`;
+* `number_sorting`: `min_numbers`/`max_numbers`, `min_decimals`/`max_decimals`,
+  `min_value`/`max_value`;
+* `spell_backward`: `min_word_len`/`max_word_len`;
+* `puzzle24`: `min_value`/`max_value` (within 1..10), `operators`;
+* `mini_sudoku`: `min_empty`/`max_empty` (within 0..12).
+
+Any other registered reasoning-gym dataset passes through too, untested. Questions are long
+(60-450 bytes at the defaults) and some answers too (`number_sorting`: up to ~90 bytes,
+`mini_sudoku`: 31), so size `context_length` and `response_length` to the dataset.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+from types import ModuleType
+from typing import Any
+
+import numpy as np
+
+from agentenv_jax.envs.spaces import EnvError
+from agentenv_jax.envs.text.tasks import TaskReply, require_int
+
+# Dataset name -> what it asks (and how long its answers run at the default difficulty).
+REASONING_GYM_TASKS: dict[str, str] = {
+    "basic_arithmetic": "evaluate an integer expression of + - * / (answers 1-16 bytes)",
+    "chain_sum": "add and subtract a chain of integers (answers 1-6 bytes)",
+    "leg_counting": "count the legs of a list of animals (answers 2-3 bytes)",
+    "number_sorting": "sort numbers ascending or descending, as a list (answers 24-92 bytes)",
+    "spell_backward": "spell an English word backwards (answers 3-10 bytes)",
+    "puzzle24": "make 24 from four numbers 1-10 with + - * / (answers ~7-15 bytes)",
+    "mini_sudoku": "solve a 4x4 sudoku, rows on lines (answers 31 bytes)",
+}
+# Entries are drawn by index from one dataset of this size; reasoning-gym generates entry `i` of
+# a dataset seeded `s` from `Random(s + i)` on demand, so the size costs nothing.
+_INDEX_RANGE = 2**31
+# Set by the adapter, not the user: the seed comes from the episode's rng.
+_RESERVED = ("seed", "size")
+
+
+def import_reasoning_gym() -> ModuleType:
+    """The `reasoning_gym` module; `EnvError` saying how to install it when missing."""
+    try:
+        import reasoning_gym
+    except ImportError as err:
+        raise EnvError(
+            f"reasoning_gym/<dataset> envs need reasoning-gym ({err}): "
+            "pip install 'agentenv_jax[text]'"
+        ) from None
+    return reasoning_gym
+
+
+def reasoning_gym_datasets() -> list[str]:
+    """The names of every dataset the installed reasoning-gym registers (sorted)."""
+    import_reasoning_gym()
+    from reasoning_gym.factory import DATASETS
+
+    return sorted(DATASETS)
+
+
+def _config_class(dataset_name: str) -> type:
+    """The config dataclass of `dataset_name`; `EnvError` with a did-you-mean when unknown."""
+    import_reasoning_gym()
+    from reasoning_gym.factory import DATASETS
+
+    if not isinstance(dataset_name, str) or dataset_name not in DATASETS:
+        names = sorted(DATASETS)
+        close = difflib.get_close_matches(str(dataset_name), names, n=1, cutoff=0.6)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        others = [name for name in names if name not in REASONING_GYM_TASKS]
+        raise EnvError(
+            f"env.id = 'reasoning_gym/{dataset_name}': no reasoning-gym dataset "
+            f"{dataset_name!r}{hint}; tested: {', '.join(REASONING_GYM_TASKS)}; "
+            f"also registered: {', '.join(others)}"
+        )
+    return DATASETS[dataset_name][1]
+
+
+def reasoning_gym_kwargs(dataset_name: str) -> list[str]:
+    """The kwargs a `ReasoningGymTask` of `dataset_name` takes: `seed_offset` and the dataset's
+    config fields but `seed` and `size` (`EnvError` for an unknown dataset)."""
+    fields = [field.name for field in dataclasses.fields(_config_class(dataset_name))]
+    return ["seed_offset"] + [name for name in fields if name not in _RESERVED]
+
+
+class ReasoningGymTask:
+    """One reasoning-gym dataset as a single-turn task: the prompt is an entry's question, the
+    reward the dataset's own `score_answer` of the message (whitespace stripped), success a
+    score of 1.0.
+
+    Entries are drawn by index from the dataset seeded `seed_offset`, so the episode's rng
+    decides the question; another `seed_offset` gives other questions for the same rng.
+    `dataset_kwargs` set the difficulty (see the module docstring). Unknown datasets, unknown
+    kwargs and configs the dataset rejects are `EnvError`s, raised here rather than mid-run.
+    """
+
+    max_turns = 1
+
+    def __init__(self, dataset_name: str, seed_offset: int = 0, **dataset_kwargs: Any):
+        reasoning_gym = import_reasoning_gym()
+        allowed = reasoning_gym_kwargs(dataset_name)
+        for name in dataset_kwargs:
+            if name in _RESERVED:
+                raise EnvError(
+                    f"env.kwargs.{name} is set by the env for reasoning-gym datasets (entries "
+                    "follow reset's seed); use env.kwargs.seed_offset for other questions"
+                )
+            if name not in allowed:
+                close = difflib.get_close_matches(name, allowed, n=1, cutoff=0.6)
+                hint = f" (did you mean {close[0]!r}?)" if close else ""
+                raise EnvError(
+                    f"env.kwargs.{name} is not a kwarg of reasoning-gym dataset "
+                    f"{dataset_name!r}{hint}; allowed: {', '.join(allowed)}"
+                )
+        seed_offset = require_int("env.kwargs.seed_offset", seed_offset, 0)
+        self.dataset_name = dataset_name
+        try:
+            self._dataset = reasoning_gym.create_dataset(
+                dataset_name, seed=seed_offset, size=_INDEX_RANGE, **dataset_kwargs
+            )
+            # Generate one entry now: some configs fail only when an entry is generated.
+            self._dataset[0]
+        except Exception as err:
+            # reasoning-gym checks configs with `assert` (AssertionError), others fail with
+            # TypeError or ValueError: report any of them as the kwargs' fault.
+            raise EnvError(
+                f"env.kwargs = {dataset_kwargs!r} do not fit reasoning-gym dataset "
+                f"{dataset_name!r}: {type(err).__name__}: {err}"
+            ) from err
+        self.entry: dict[str, Any] | None = None  # the current episode's question and answer
+
+    def reset(self, rng: np.random.Generator) -> str:
+        self.entry = self._dataset[int(rng.integers(_INDEX_RANGE))]
+        return str(self.entry["question"])
+
+    def reply(self, message: str) -> TaskReply:
+        if self.entry is None:
+            raise RuntimeError("ReasoningGymTask.reply before reset")
+        try:
+            score = float(self._dataset.score_answer(answer=message.strip(), entry=self.entry))
+        except Exception:
+            # Scorers parse free text and some raise on text they cannot parse (e.g.
+            # prime_factorization's int()): such an answer is simply wrong.
+            score = 0.0
+        return TaskReply(text=None, reward=score, done=True, success=score >= 1.0)

@@ -1,0 +1,96 @@
+"""Text env ids, their default context and response lengths, and the vector env each one makes.
+
+* `agentenv_jax/Arithmetic-v0`: `tasks.ArithmeticTask` (single turn);
+* `agentenv_jax/GuessNumber-v0`: `tasks.GuessNumberTask` (multi-turn);
+* `reasoning_gym/<dataset>`: `reasoning_gym_tasks.ReasoningGymTask` over any reasoning-gym
+  dataset (`pip install 'agentenv_jax[text]'`), e.g. `reasoning_gym/basic_arithmetic`.
+
+`env.kwargs` holds `context_length`, `response_length` and `group_size`, which go to
+`TextVectorEnv`, and the task's own kwargs (the rest).
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import difflib
+import functools
+import inspect
+from collections.abc import Callable
+from typing import Any
+
+from agentenv_jax.envs.spaces import EnvError
+from agentenv_jax.envs.text.reasoning_gym_tasks import ReasoningGymTask, reasoning_gym_kwargs
+from agentenv_jax.envs.text.tasks import ArithmeticTask, GuessNumberTask, TextTask
+from agentenv_jax.envs.text.vector_env import TextVectorEnv
+
+REASONING_GYM_PREFIX = "reasoning_gym/"
+ENV_KWARGS = ("context_length", "response_length", "group_size")  # taken by TextVectorEnv
+
+
+@dataclasses.dataclass(frozen=True)
+class TextEnvEntry:
+    """What a text env id makes, and the lengths it defaults to."""
+
+    task: Callable[..., TextTask]  # called with the task's kwargs
+    context_length: int  # L: observation tokens
+    response_length: int  # M: tokens per agent message
+
+
+# Every id, the reasoning-gym ones as one pattern (`<dataset>` is the dataset's name).
+TEXT_ENV_IDS: dict[str, TextEnvEntry] = {
+    "agentenv_jax/Arithmetic-v0": TextEnvEntry(ArithmeticTask, 16, 4),
+    "agentenv_jax/GuessNumber-v0": TextEnvEntry(GuessNumberTask, 64, 4),
+    f"{REASONING_GYM_PREFIX}<dataset>": TextEnvEntry(ReasoningGymTask, 512, 16),
+}
+_BUILT_IN = [env_id for env_id in TEXT_ENV_IDS if not env_id.startswith(REASONING_GYM_PREFIX)]
+
+
+def is_text_env(env_id: str) -> bool:
+    """Whether `env_id` names a text env (a built-in one or `reasoning_gym/<dataset>`)."""
+    return env_id in _BUILT_IN or env_id.startswith(REASONING_GYM_PREFIX)
+
+
+def close_text_env_id(env_id: str) -> str | None:
+    """The built-in text env id `env_id` was probably meant to be, if any."""
+    close = difflib.get_close_matches(env_id, _BUILT_IN, n=1, cutoff=0.75)
+    return close[0] if close else None
+
+
+def make_text_vector_env(env_id: str, num_envs: int, kwargs: dict[str, Any]) -> TextVectorEnv:
+    """`num_envs` envs of the text env `env_id` with `env.kwargs` = `kwargs`; `EnvError` naming
+    an unknown id or kwarg (with the allowed ones) or a bad value."""
+    if env_id.startswith(REASONING_GYM_PREFIX):
+        dataset_name = env_id.removeprefix(REASONING_GYM_PREFIX)
+        entry = TEXT_ENV_IDS[f"{REASONING_GYM_PREFIX}<dataset>"]
+        make_task = functools.partial(ReasoningGymTask, dataset_name)
+        task_kwargs = reasoning_gym_kwargs(dataset_name)
+    elif env_id in _BUILT_IN:
+        entry = TEXT_ENV_IDS[env_id]
+        make_task = entry.task
+        task_kwargs = list(inspect.signature(entry.task).parameters)
+    else:
+        close = close_text_env_id(env_id)
+        hint = f" (did you mean {close!r}?)" if close else ""
+        raise EnvError(
+            f"env.id = {env_id!r} is not a text env{hint}; text envs: {', '.join(TEXT_ENV_IDS)}"
+        )
+    allowed = [*ENV_KWARGS, *task_kwargs]
+    for name in kwargs:
+        if name not in allowed:
+            close_names = difflib.get_close_matches(name, allowed, n=1, cutoff=0.6)
+            hint = f" (did you mean {close_names[0]!r}?)" if close_names else ""
+            raise EnvError(
+                f"env.kwargs.{name} is not a kwarg of env.id = {env_id!r}{hint}; allowed: "
+                f"{', '.join(allowed)}"
+            )
+    task = make_task(**{k: v for k, v in kwargs.items() if k not in ENV_KWARGS})
+    return TextVectorEnv(
+        # Copies of one task validated once: a reasoning-gym dataset is built (and its data
+        # files read) once and shared read-only; each copy keeps its own episode.
+        lambda: copy.copy(task),
+        num_envs,
+        context_length=kwargs.get("context_length", entry.context_length),
+        response_length=kwargs.get("response_length", entry.response_length),
+        group_size=kwargs.get("group_size", 1),
+    )

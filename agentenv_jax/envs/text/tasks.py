@@ -1,0 +1,149 @@
+"""Text tasks: the protocol a dialogue task follows, and the built-in arithmetic and guessing tasks.
+
+A task holds one episode's state in plain Python; `TextVectorEnv` turns it into token ids,
+counts the turns and enforces `max_turns`. Tasks have no dependencies beyond numpy.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import operator
+import re
+from collections.abc import Callable
+from typing import Protocol
+
+import numpy as np
+
+from agentenv_jax.envs.spaces import EnvError
+
+# An integer as an agent may write it, surrounding whitespace stripped. ASCII digits only:
+# `int()` would also take "٣" or "1_000", which a byte-level agent should not be paid for.
+_INTEGER = re.compile(r"[+-]?[0-9]+", re.ASCII)
+_OPERATIONS: dict[str, Callable[[int, int], int]] = {
+    "+": operator.add,
+    "-": operator.sub,
+    "*": operator.mul,
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class TaskReply:
+    """A task's answer to one agent message."""
+
+    text: str | None  # the env's answer to the agent's message (None when the episode ended)
+    reward: float
+    done: bool  # the episode is over (solved, or a single-turn task answered)
+    success: bool  # the episode's goal was met; read where done or truncated
+
+
+class TextTask(Protocol):
+    """One dialogue episode at a time: a prompt, then a reply to each agent message."""
+
+    max_turns: int  # agent messages per episode; at the limit the env truncates the episode
+
+    def reset(self, rng: np.random.Generator) -> str:
+        """Start a new episode drawn from `rng`; its prompt text."""
+        ...
+
+    def reply(self, message: str) -> TaskReply:
+        """The task's reply to the agent's message (decoded text)."""
+        ...
+
+
+def require_int(field: str, value: object, minimum: int, maximum: int | None = None) -> int:
+    """`value` if it is an int in `minimum..maximum` (bools are not ints here); otherwise an
+    `EnvError` naming `field`, the value and the allowed range."""
+    allowed = f">= {minimum}" if maximum is None else f"in {minimum}..{maximum}"
+    if isinstance(value, bool) or not isinstance(value, int | np.integer):
+        raise EnvError(f"{field} = {value!r}: expected an int {allowed}")
+    if value < minimum or (maximum is not None and value > maximum):
+        raise EnvError(f"{field} = {value!r}: expected an int {allowed}")
+    return int(value)
+
+
+def parse_integer(message: str) -> int | None:
+    """The integer `message` states (whitespace stripped, ASCII digits, optional sign), else
+    None."""
+    text = message.strip()
+    return int(text) if _INTEGER.fullmatch(text) else None
+
+
+class ArithmeticTask:
+    """Single-turn arithmetic: the prompt is e.g. `"3+4="`, the agent answers the integer.
+
+    Operands are drawn uniformly from `0..max_operand` (the difficulty), the operation uniformly
+    from `operations` (any of `+-*`). Reward 1.0 for the right value (`" 7"` and `"+7"` count),
+    `format_reward` for another integer, 0.0 for anything else.
+    """
+
+    max_turns = 1
+
+    def __init__(self, max_operand: int = 9, operations: str = "+", format_reward: float = 0.1):
+        self._max_operand = require_int("env.kwargs.max_operand", max_operand, 1)
+        if (
+            not isinstance(operations, str)
+            or not operations
+            or not set(operations) <= set(_OPERATIONS)
+        ):
+            raise EnvError(
+                f"env.kwargs.operations = {operations!r}: expected a non-empty string of the "
+                f"characters {''.join(_OPERATIONS)!r}"
+            )
+        self._operations = "".join(sorted(set(operations), key=list(_OPERATIONS).index))
+        if (
+            isinstance(format_reward, bool)
+            or not isinstance(format_reward, int | float)
+            or not 0.0 <= format_reward < 1.0
+        ):
+            raise EnvError(
+                f"env.kwargs.format_reward = {format_reward!r}: expected a number in [0, 1) "
+                "(below the 1.0 of a right answer)"
+            )
+        self._format_reward = float(format_reward)
+        self._answer: int | None = None
+
+    def reset(self, rng: np.random.Generator) -> str:
+        left, right = (int(x) for x in rng.integers(0, self._max_operand + 1, size=2))
+        symbol = self._operations[int(rng.integers(len(self._operations)))]
+        self._answer = _OPERATIONS[symbol](left, right)
+        return f"{left}{symbol}{right}="
+
+    def reply(self, message: str) -> TaskReply:
+        if self._answer is None:
+            raise RuntimeError("ArithmeticTask.reply before reset")
+        guess = parse_integer(message)
+        right = guess == self._answer
+        reward = 1.0 if right else (self._format_reward if guess is not None else 0.0)
+        return TaskReply(text=None, reward=reward, done=True, success=right)
+
+
+class GuessNumberTask:
+    """Multi-turn guessing: find a number drawn uniformly from `1..max_number`.
+
+    Each message is read as an integer guess; the reply is `"higher"` or `"lower"`, or
+    `"a number from 1 to N"` for anything else. The right guess ends the episode with reward
+    1.0; every other message earns 0.0. After `max_turns` messages the env truncates it.
+    Bisection finds any number within `ceil(log2(max_number + 1))` guesses (4 for the default
+    8), so a `max_turns` below that leaves some episodes unwinnable.
+    """
+
+    def __init__(self, max_number: int = 8, max_turns: int = 4):
+        self._max_number = require_int("env.kwargs.max_number", max_number, 1)
+        self.max_turns = require_int("env.kwargs.max_turns", max_turns, 1)
+        self._target: int | None = None
+
+    def reset(self, rng: np.random.Generator) -> str:
+        self._target = int(rng.integers(1, self._max_number + 1))
+        return f"Guess my number (1-{self._max_number}):"
+
+    def reply(self, message: str) -> TaskReply:
+        if self._target is None:
+            raise RuntimeError("GuessNumberTask.reply before reset")
+        guess = parse_integer(message)
+        if guess is None or not 1 <= guess <= self._max_number:
+            text = f"a number from 1 to {self._max_number}"
+        elif guess == self._target:
+            return TaskReply(text=None, reward=1.0, done=True, success=True)
+        else:
+            text = "higher" if guess < self._target else "lower"
+        return TaskReply(text=text, reward=0.0, done=False, success=False)

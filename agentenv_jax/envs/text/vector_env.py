@@ -1,0 +1,223 @@
+"""`TextVectorEnv`: dialogue tasks as a Gymnasium vector env of token ids (SAME_STEP autoreset)."""
+
+from __future__ import annotations
+
+import collections
+from collections.abc import Callable
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+
+from agentenv_jax.envs.spaces import EnvError, TextSpec
+from agentenv_jax.envs.text.tasks import TextTask, require_int
+from agentenv_jax.envs.text.tokenizer import BYTE_TOKENIZER, Tokenizer
+
+FINISHED_TRANSCRIPTS = 64  # episodes `finished_transcripts` keeps, newest last
+
+
+class TextVectorEnv(gym.vector.VectorEnv):
+    """`num_envs` copies of a text task; observations and actions are token ids.
+
+    Observation of env i, `int32 [L]` (`L = context_length`): its dialogue so far,
+    `BOS + prompt`, then per turn `message + EOS + reply`, left-padded with PAD so the newest
+    token is at index `L - 1`; a dialogue longer than `L` keeps its newest `L` tokens. The
+    message is the re-encoded decoded text, what the task was shown. A prompt that does not
+    fit in `L - 1` tokens is an `EnvError` (so a single-turn task never loses its question).
+
+    Action of env i, `int32 [M]` (`M = response_length`): one message, read up to its first
+    EOS (all `M` tokens without one). An env whose task is done terminates, one that reached
+    the task's `max_turns` without being done truncates; either resets in the same step
+    (SAME_STEP), returning the next episode's first observation with the ended one in
+    `info["final_obs"]`.
+
+    Envs come in groups of `group_size` consecutive envs whose rngs start alike on a reset,
+    so a group draws the same sequence of prompts (several answers to each prompt, as GRPO
+    wants); in multi-turn tasks a group's envs may reach their next prompt at different steps.
+    """
+
+    metadata = {"autoreset_mode": gym.vector.AutoresetMode.SAME_STEP}
+
+    def __init__(
+        self,
+        make_task: Callable[[], TextTask],
+        num_envs: int,
+        context_length: int,
+        response_length: int,
+        group_size: int = 1,
+        tokenizer: Tokenizer = BYTE_TOKENIZER,
+    ):
+        self.num_envs = require_int("num_envs", num_envs, 1)
+        # At least BOS and one more token; each prompt is checked against it on reset.
+        self._context_length = require_int("env.kwargs.context_length", context_length, 2)
+        self._response_length = require_int("env.kwargs.response_length", response_length, 1)
+        self._group_size = require_int("env.kwargs.group_size", group_size, 1)
+        if self.num_envs % self._group_size:
+            raise EnvError(
+                f"env.kwargs.group_size = {group_size} must divide the env rank's num_envs = "
+                f"{num_envs} (each group of envs shares its prompts)"
+            )
+        self.tokenizer = tokenizer
+        self.text_spec: TextSpec = tokenizer.text_spec(self._context_length, self._response_length)
+        vocab = tokenizer.vocab_size
+        self.single_observation_space = gym.spaces.Box(
+            0, vocab - 1, (self._context_length,), np.int32
+        )
+        self.single_action_space = gym.spaces.MultiDiscrete(
+            [vocab] * self._response_length, dtype=np.int32
+        )
+        self.observation_space = gym.vector.utils.batch_space(
+            self.single_observation_space, self.num_envs
+        )
+        self.action_space = gym.vector.utils.batch_space(self.single_action_space, self.num_envs)
+        self._tasks = [make_task() for _ in range(self.num_envs)]
+        self._rngs: list[np.random.Generator] | None = None  # None until the first reset
+        # Env i's dialogue as token ids (all of it; the observation is its newest L), and as
+        # text for people: the prompt and (message, reply or None) per turn.
+        self._tokens: list[np.ndarray] = [np.zeros(0, np.int32)] * self.num_envs
+        self._prompts = [""] * self.num_envs
+        self._turns: list[list[tuple[str, str | None]]] = [[] for _ in range(self.num_envs)]
+        self._returns = np.zeros(self.num_envs, np.float64)
+        self.finished_transcripts: collections.deque[tuple[str, bool, float]] = collections.deque(
+            maxlen=FINISHED_TRANSCRIPTS
+        )
+
+    def reset(
+        self, *, seed: int | None = None, options: dict[str, Any] | None = None
+    ) -> tuple[np.ndarray, dict[str, Any]]:
+        """Start a new episode in every env; observations `int32 [E, L]`.
+
+        With a seed, env i's task rng is `default_rng(seed + (i // group_size) * group_size)`.
+        Without one, the first reset draws a seed from the OS (groups still share prompts) and
+        later ones continue each env's rng. `options` are not used.
+        """
+        if seed is not None:
+            seed = require_int("seed", seed, 0)
+        if seed is not None or self._rngs is None:
+            if seed is None:
+                seed = int(np.random.SeedSequence().generate_state(1)[0])
+            self._rngs = [
+                np.random.default_rng(seed + (i // self._group_size) * self._group_size)
+                for i in range(self.num_envs)
+            ]
+        for i in range(self.num_envs):
+            self._start_episode(i)
+        return self._observations(), {}
+
+    def step(
+        self, actions: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, dict[str, Any]]:
+        """One message per env, `actions` `int [E, M]`. Returns observations `int32 [E, L]`,
+        rewards `float32 [E]`, terminated and truncated `bool [E]`, and info with
+        `success` `bool [E]` (the ended episode met its goal; False where none ended) and
+        `response_tokens` `int32 [E]` (message tokens up to and including EOS, M without one);
+        on steps where an episode ended also `final_obs` (object `[E]`, the ended episodes'
+        last observations, None elsewhere), `final_info` and their `_` masks."""
+        if self._rngs is None:
+            raise gym.error.ResetNeeded("TextVectorEnv.step before reset")
+        actions = self._check_actions(actions)
+        eos = self.tokenizer.eos_id
+        rewards = np.zeros(self.num_envs, np.float32)
+        terminated = np.zeros(self.num_envs, bool)
+        truncated = np.zeros(self.num_envs, bool)
+        success = np.zeros(self.num_envs, bool)
+        response_tokens = np.full(self.num_envs, self._response_length, np.int32)
+        final_obs = np.full(self.num_envs, None, dtype=object)
+        returns = np.zeros(self.num_envs, np.float32)
+        turns = np.zeros(self.num_envs, np.int32)
+        for i in range(self.num_envs):
+            at_eos = np.flatnonzero(actions[i] == eos)
+            if at_eos.size:
+                response_tokens[i] = at_eos[0] + 1
+            message = self.tokenizer.decode(actions[i])
+            reply = self._tasks[i].reply(message)
+            rewards[i] = reply.reward
+            self._returns[i] += reply.reward
+            self._turns[i].append((message, reply.text))
+            self._tokens[i] = np.concatenate(
+                [
+                    self._tokens[i],
+                    self.tokenizer.encode(message),
+                    [eos],
+                    self.tokenizer.encode(reply.text or ""),
+                ]
+            ).astype(np.int32)
+            terminated[i] = reply.done
+            truncated[i] = not reply.done and len(self._turns[i]) >= self._tasks[i].max_turns
+            if terminated[i] or truncated[i]:
+                success[i] = reply.success
+                final_obs[i] = self._observation(i)
+                returns[i], turns[i] = self._returns[i], len(self._turns[i])
+                self.finished_transcripts.append(
+                    (self.transcript(i), bool(reply.success), float(self._returns[i]))
+                )
+                self._start_episode(i)
+        info: dict[str, Any] = {"success": success, "response_tokens": response_tokens}
+        ended = terminated | truncated
+        if ended.any():
+            # As Gymnasium's SAME_STEP vector envs: present only on steps where one ended.
+            info["final_obs"], info["_final_obs"] = final_obs, ended
+            info["final_info"] = {
+                "success": success,
+                "_success": ended,
+                "return": returns,
+                "_return": ended,
+                "turns": turns,
+                "_turns": ended,
+            }
+            info["_final_info"] = ended
+        return self._observations(), rewards, terminated, truncated, info
+
+    def transcript(self, i: int) -> str:
+        """Env i's current episode so far for people: the prompt, then `agent: ...` and
+        `env: ...` lines."""
+        lines = [self._prompts[i]]
+        for message, reply in self._turns[i]:
+            lines.append(f"agent: {message}")
+            if reply is not None:
+                lines.append(f"env: {reply}")
+        return "\n".join(lines)
+
+    def _start_episode(self, i: int) -> None:
+        """Draw env i's next prompt from its rng and clear its dialogue."""
+        assert self._rngs is not None
+        prompt = self._tasks[i].reset(self._rngs[i])
+        tokens = np.concatenate([[self.tokenizer.bos_id], self.tokenizer.encode(prompt)])
+        if tokens.size > self._context_length - 1:
+            raise EnvError(
+                f"env.kwargs.context_length = {self._context_length} is too short for a prompt "
+                f"of {tokens.size} tokens (BOS included): it must be at least {tokens.size + 1} "
+                f"(prompt: {prompt[:60]!r}{'...' if len(prompt) > 60 else ''})"
+            )
+        self._tokens[i] = tokens.astype(np.int32)
+        self._prompts[i] = prompt
+        self._turns[i] = []
+        self._returns[i] = 0.0
+
+    def _observation(self, i: int) -> np.ndarray:
+        """Env i's newest `L` dialogue tokens, left-padded: `int32 [L]`."""
+        obs = np.full(self._context_length, self.tokenizer.pad_id, np.int32)
+        tail = self._tokens[i][-self._context_length :]
+        obs[self._context_length - tail.size :] = tail
+        return obs
+
+    def _observations(self) -> np.ndarray:
+        return np.stack([self._observation(i) for i in range(self.num_envs)])
+
+    def _check_actions(self, actions: np.ndarray) -> np.ndarray:
+        """`actions` as `int [E, M]` token ids; `EnvError` for another shape or out-of-vocab
+        ids."""
+        actions = np.asarray(actions)
+        expected = (self.num_envs, self._response_length)
+        if actions.shape != expected or not np.issubdtype(actions.dtype, np.integer):
+            raise EnvError(
+                f"TextVectorEnv.step: actions must be ints of shape {expected} "
+                f"(num_envs, response_length), got {actions.dtype} {actions.shape}"
+            )
+        vocab = self.tokenizer.vocab_size
+        if actions.size and (actions.min() < 0 or actions.max() >= vocab):
+            raise EnvError(
+                f"TextVectorEnv.step: token ids must lie in 0..{vocab - 1}, got values from "
+                f"{int(actions.min())} to {int(actions.max())}"
+            )
+        return actions

@@ -1,0 +1,174 @@
+"""Central inference on the learner's devices (SEED RL style; `topology.inference: learner`).
+
+Env ranks send observations; the learner batches the requests of all its env ranks into one
+jitted call of the policy on its own devices (KV-cached generation for language models) and
+answers each. The policy is the one env ranks would run (`actor.policy`, `actor.text_policy`),
+fed the learner's current parameters without a host copy, and each env rank keeps its own
+noise stream here, so what an env is answered does not depend on which requests share a batch.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from typing import Any, Protocol
+
+import numpy as np
+
+from agentenv_jax.transport.messages import INFERENCE_ACT
+from agentenv_jax.transport.spec import MessageSpec
+
+# How long a request waits for the other env ranks' before it is answered in a smaller batch:
+# in a synchronous round they step together, so their requests arrive within a few hundred
+# microseconds of each other.
+BATCH_WAIT_S = 0.002
+
+
+class BatchPolicy(Protocol):
+    """What the server calls: the policy with the noise of each row given."""
+
+    def set_params(self, flat_params: Any) -> None: ...
+
+    def act_with(
+        self, obs: np.ndarray, noise: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]: ...
+
+    def value(self, obs: np.ndarray) -> np.ndarray: ...
+
+
+class Endpoint(Protocol):
+    """The learner's end of the requests (`transport.mpi.inference.MPIInferenceEndpoint`)."""
+
+    def poll(self) -> list[int]: ...
+
+    def request(self, index: int) -> np.ndarray: ...
+
+    def reply_buffer(self, index: int) -> np.ndarray: ...
+
+    def reply(self, index: int) -> None: ...
+
+
+class InferenceServer:
+    """Answers the inference requests of a learner's env ranks (`local_num_envs[i]` envs each)
+    with one `policy` call per batch, every call padded to all of them (one shape, one compile).
+
+    `noise[i]()` draws env rank i's noise for one call (`noise_source` of the policy, seeded as
+    that env rank's own policy would be). `eos_id`: text envs, to count generated tokens.
+    """
+
+    def __init__(
+        self,
+        policy: BatchPolicy,
+        endpoint: Endpoint | None,
+        request_specs: Sequence[MessageSpec],
+        reply_specs: Sequence[MessageSpec],
+        noise: Sequence[Callable[[], np.ndarray]],
+        eos_id: int | None = None,
+    ):
+        self._policy = policy
+        self._endpoint = endpoint
+        self._request_specs = list(request_specs)
+        self._reply_specs = list(reply_specs)
+        self._noise = list(noise)
+        self._bounds = np.cumsum([0, *(spec["obs"].shape[0] for spec in request_specs)])
+        self._eos_id = eos_id
+        self._pending: dict[int, float] = {}  # env-rank index -> when its request was taken
+        self.requests = 0
+        self.batches = 0
+        self.rows = 0  # rows of real requests answered (padding excluded)
+        self.tokens_generated = 0
+        self.compute_s = 0.0
+
+    def set_params(self, flat_params: Any) -> None:
+        self._policy.set_params(flat_params)
+
+    def serve(self, collecting: Callable[[], Sequence[int]] | None = None) -> bool:
+        """Take the requests that arrived; answer them once every env rank still `collecting`
+        has asked (or the oldest waited `BATCH_WAIT_S`). True if it answered any."""
+        now = time.perf_counter()
+        for index in self._endpoint.poll():
+            self._pending[index] = now
+        if not self._pending:
+            return False
+        missing = [i for i in (collecting() if collecting else ()) if i not in self._pending]
+        if missing and now - min(self._pending.values()) < BATCH_WAIT_S:
+            return False
+        indices = sorted(self._pending)
+        self._pending.clear()
+        requests = [self._request_specs[i].views(self._endpoint.request(i)) for i in indices]
+        replies = [self._reply_specs[i].views(self._endpoint.reply_buffer(i)) for i in indices]
+        self.answer(indices, requests, replies)
+        for index in indices:
+            self._endpoint.reply(index)
+        return True
+
+    def answer(
+        self,
+        indices: list[int],
+        requests: list[dict[str, np.ndarray]],
+        replies: list[dict[str, np.ndarray]],
+    ) -> None:
+        """Fill `replies` (views) for the `requests` of env ranks `indices`: one batched call
+        for the act requests and one for the value requests among them."""
+        tick = time.perf_counter()
+        for act in (True, False):
+            chosen = [
+                k for k, r in enumerate(requests) if (int(r["kind"][0]) == INFERENCE_ACT) == act
+            ]
+            if not chosen:
+                continue
+            obs = self._full_batch([indices[k] for k in chosen], [requests[k] for k in chosen])
+            if act:
+                noise = self._full_noise([indices[k] for k in chosen])
+                action, log_prob, value = self._policy.act_with(obs, noise)
+            else:
+                state_value = self._policy.value(obs)
+            for k in chosen:
+                a, b = self._bounds[indices[k]], self._bounds[indices[k] + 1]
+                if act:
+                    replies[k]["action"][...] = action[a:b]
+                    replies[k]["log_prob"][...] = log_prob[a:b]
+                    replies[k]["value"][...] = value[a:b]
+                    self.rows += b - a
+                    if self._eos_id is not None:
+                        self.tokens_generated += generated_tokens(action[a:b], self._eos_id)
+                else:
+                    replies[k]["state_value"][...] = state_value[a:b]
+            self.batches += 1
+        self.requests += len(indices)
+        self.compute_s += time.perf_counter() - tick
+
+    def _full_batch(self, indices: list[int], requests: list[dict[str, np.ndarray]]) -> np.ndarray:
+        """Every env rank's rows: the requests' observations where they asked, copies of the
+        first request's first row elsewhere (answered, never read)."""
+        first = requests[0]["obs"]
+        obs = np.empty((self._bounds[-1], *first.shape[1:]), first.dtype)
+        obs[...] = first[:1]
+        for index, request in zip(indices, requests, strict=True):
+            obs[self._bounds[index] : self._bounds[index + 1]] = request["obs"]
+        return obs
+
+    def _full_noise(self, indices: list[int]) -> np.ndarray:
+        draws = {index: self._noise[index]() for index in indices}
+        sample = next(iter(draws.values()))
+        noise = np.zeros((self._bounds[-1], *sample.shape[1:]), sample.dtype)
+        for index, draw in draws.items():
+            noise[self._bounds[index] : self._bounds[index + 1]] = draw
+        return noise
+
+    def report(self) -> dict[str, Any]:
+        """For `summary.json`: how the server was used."""
+        return {
+            "requests": self.requests,
+            "batches": self.batches,
+            "rows_per_batch": self.rows / max(self.batches, 1),
+            "tokens_generated": self.tokens_generated,
+            "compute_s": self.compute_s,
+        }
+
+
+def generated_tokens(tokens: np.ndarray, eos_id: int) -> int:
+    """Tokens of `tokens [E, M]` up to and including each row's first EOS (all M without)."""
+    is_eos = tokens == eos_id
+    before_or_at = (np.cumsum(is_eos, axis=1) - is_eos) == 0
+    return int(before_or_at.sum())

@@ -1,0 +1,88 @@
+"""The learner's model on text envs: a language-model actor-critic trained by token-level PPO
+(`algorithms.token_ppo`), with the initial parameters kept frozen as the reference policy."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+from agentenv_jax.algorithms.ppo import make_optimizer
+from agentenv_jax.algorithms.token_ppo import (
+    TokenPPOHyperparams,
+    TokenTrainState,
+    make_token_ppo_update,
+)
+from agentenv_jax.config.schema import ExperimentConfig, PPOConfig
+from agentenv_jax.envs.spaces import EnvError, TextSpec
+from agentenv_jax.networks.text_models import initial_language_model_params, language_model_for
+
+
+def token_ppo_hyperparams(algo: PPOConfig) -> TokenPPOHyperparams:
+    return TokenPPOHyperparams(
+        num_epochs=algo.num_epochs,
+        num_minibatches=algo.num_minibatches,
+        gamma=algo.gamma,
+        gae_lambda=algo.gae_lambda,
+        clip_eps=algo.clip_eps,
+        value_clip_eps=algo.value_clip_eps,
+        vf_coef=algo.vf_coef,
+        ent_coef=algo.ent_coef,
+        normalize_advantages=algo.normalize_advantages,
+        kl_coef=algo.kl_coef,
+        kl_penalty=algo.kl_penalty,
+        advantage=algo.advantage,
+        group_size=algo.group_size,
+    )
+
+
+def language_model_training(
+    config: ExperimentConfig,
+    text: TextSpec,
+    total_updates: int,
+    constrain_rows: Callable[[jax.Array], jax.Array],
+):
+    """`OnPolicyModel` of a text env: the transformer of `network.language_model`, its
+    parameters (random or `init_from`), and token-level PPO."""
+    from agentenv_jax.learner.loop import OnPolicyModel
+
+    algo = config.algorithm
+    if not isinstance(algo, PPOConfig):
+        raise EnvError(
+            f"env.id = {config.env.id!r} is a text env: algorithm.name = {algo.name!r} is not "
+            "supported for it; use 'ppo' (token-level PPO, or algorithm.advantage = 'group' "
+            "for the critic-free group baseline)"
+        )
+    lm = language_model_for(config.network.language_model, text)
+    optimizer = make_optimizer(
+        algo.learning_rate,
+        algo.lr_schedule == "linear",
+        total_updates * algo.num_epochs * algo.num_minibatches,
+        algo.max_grad_norm,
+        algo.adam_eps,
+    )
+
+    def score(params: Any, context: jax.Array, response: jax.Array):
+        return tuple(lm.score(params, context, response, text.pad_id, text.eos_id))
+
+    update = make_token_ppo_update(score, optimizer, token_ppo_hyperparams(algo), constrain_rows)
+
+    def train_state(params: Any, key: jax.Array) -> TokenTrainState:
+        return TokenTrainState(
+            params=params,
+            # The reference is the initial policy, frozen: a copy, since the update donates
+            # the state and `params` moves on.
+            ref_params=jax.tree.map(jnp.copy, params),
+            opt_state=optimizer.init(params),
+            update_count=jnp.zeros((), jnp.int32),
+            key=key,
+        )
+
+    return OnPolicyModel(
+        lm.param_shapes(),
+        lambda key: initial_language_model_params(lm, config.network.language_model, key),
+        update,
+        train_state,
+    )

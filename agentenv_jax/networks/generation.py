@@ -1,0 +1,122 @@
+"""Sampling responses from a `LanguageModel`, with or without its KV cache, as one pure function."""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+from agentenv_jax.networks.language_model import LanguageModel
+
+
+class Generation(NamedTuple):
+    """A batch of sampled responses, all `[B, M]`: `tokens` int32 (`pad_id` after a row's first
+    EOS); float32 `log_probs` of each token under the policy, `values` of the state before it,
+    and `mask` (1 up to and including the first EOS). `log_probs` and `values` are 0 where `mask`
+    is 0. They equal `lm.score(params, context, tokens, pad_id, eos_id)`'s."""
+
+    tokens: jax.Array
+    log_probs: jax.Array
+    values: jax.Array
+    mask: jax.Array
+
+
+def generate(
+    lm: LanguageModel,
+    params: Any,
+    context: jax.Array,
+    key: jax.Array,
+    *,
+    response_length: int,
+    pad_id: int,
+    eos_id: int,
+    temperature: float | jax.Array = 1.0,
+    use_cache: bool = True,
+) -> Generation:
+    """Sample `response_length` (M) tokens after each row of `context` `[B, L]` (int32, left-padded
+    with `pad_id`).
+
+    Token i is drawn from `softmax(logits / temperature)` with key `fold_in(key, i)`, on both
+    paths, so for a fixed key the cached and uncached paths give the same tokens. `log_probs` are
+    always those of the policy itself (temperature 1), as `score` computes them: at temperature 1
+    they are the behaviour log-probs PPO needs; at any other temperature the samples come from a
+    different distribution than the one the log-probs describe, so PPO's importance ratios are no
+    longer on-policy (use temperature != 1 for evaluation, not for collecting training data).
+    `temperature` must be > 0.
+
+    `use_cache=True`: one `prefill` of the context into a KV cache of length L + M, then one
+    `decode` per token in a `lax.scan`. `use_cache=False`: each step reruns `apply` over the whole
+    `[B, L + M]` buffer (the tokens so far, the rest masked) — the reference the cache is tested
+    against. After a row's first EOS it emits `pad_id`, with log-prob, value and mask 0.
+
+    Jit with `lm`, `response_length`, `pad_id`, `eos_id` and `use_cache` static.
+    """
+    batch, context_length = context.shape
+    total = context_length + response_length
+    context_mask = (context != pad_id).astype(jnp.int32)
+
+    def emit(step: jax.Array, logits: jax.Array, value: jax.Array, done: jax.Array) -> tuple:
+        """Sample token `step` from `logits` `[B, V]`: `(token, log_prob, value, alive)`."""
+        sampled = jax.random.categorical(
+            jax.random.fold_in(key, step), logits / temperature, axis=-1
+        ).astype(jnp.int32)
+        log_prob = jnp.take_along_axis(
+            jax.nn.log_softmax(logits, axis=-1), sampled[:, None], axis=-1
+        )[:, 0]
+        alive = ~done
+        return (
+            jnp.where(alive, sampled, pad_id).astype(jnp.int32),
+            jnp.where(alive, log_prob, 0.0),
+            jnp.where(alive, value, 0.0),
+            alive,
+        )
+
+    done = jnp.zeros((batch,), bool)
+    steps = jnp.arange(response_length)
+    if use_cache:
+        cache = lm.init_cache(batch, total)
+        cache, logits, value = lm.prefill(params, context, context_mask, cache)
+
+        def cached_step(carry: tuple, step: jax.Array) -> tuple:
+            cache, logits, value, done = carry
+            token, log_prob, value, alive = emit(step, logits, value, done)
+            # The decode after the last token is wasted work, but keeps every step the same
+            # program (the cache has room for it: slot L + M - 1).
+            cache, logits, next_value = lm.decode(
+                params, cache, token, context_length + step, alive
+            )
+            done = done | (token == eos_id)
+            return (cache, logits, next_value, done), (token, log_prob, value, alive)
+
+        _, outputs = jax.lax.scan(cached_step, (cache, logits, value, done), steps)
+    else:
+        tokens = jnp.concatenate(
+            [context, jnp.full((batch, response_length), pad_id, context.dtype)], axis=1
+        ).astype(jnp.int32)
+        mask = jnp.concatenate(
+            [context_mask, jnp.zeros((batch, response_length), jnp.int32)], axis=1
+        )
+
+        def uncached_step(carry: tuple, step: jax.Array) -> tuple:
+            tokens, mask, done = carry
+            all_logits, all_values = lm.apply(params, tokens, mask)
+            here = context_length - 1 + step  # the position that predicts token `step`
+            logits = jax.lax.dynamic_index_in_dim(all_logits, here, axis=1, keepdims=False)
+            value = jax.lax.dynamic_index_in_dim(all_values, here, axis=1, keepdims=False)
+            token, log_prob, value, alive = emit(step, logits, value, done)
+            at = (0, context_length + step)
+            tokens = jax.lax.dynamic_update_slice(tokens, token[:, None], at)
+            mask = jax.lax.dynamic_update_slice(mask, alive.astype(jnp.int32)[:, None], at)
+            done = done | (token == eos_id)
+            return (tokens, mask, done), (token, log_prob, value, alive)
+
+        _, outputs = jax.lax.scan(uncached_step, (tokens, mask, done), steps)
+
+    tokens, log_probs, values, alive = (x.T for x in outputs)  # scan stacks [M, B]
+    return Generation(
+        tokens=tokens,
+        log_probs=log_probs.astype(jnp.float32),
+        values=values.astype(jnp.float32),
+        mask=alive.astype(jnp.float32),
+    )

@@ -1,0 +1,271 @@
+"""The transformer actor-critic: KV-cached generation, scoring, padding, causality, sizes, weights."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from agentenv_jax.checkpoint.pretrained import load_language_model, save_language_model
+from agentenv_jax.checkpoint.store import CheckpointError
+from agentenv_jax.networks.generation import Generation, generate
+from agentenv_jax.networks.language_model import (
+    LM_SIZES,
+    LanguageModel,
+    count_params,
+    language_model_spec,
+    make_language_model,
+    response_mask,
+)
+from agentenv_jax.parallel.mesh import MeshError
+from agentenv_jax.parallel.partitioning import check_model_axis_divides
+
+VOCAB, PAD, BOS, EOS = 260, 256, 257, 258
+RESPONSE_LENGTH = 12
+
+generate_jit = jax.jit(
+    generate, static_argnames=("lm", "response_length", "pad_id", "eos_id", "use_cache")
+)
+score_jit = jax.jit(lambda lm, *args: lm.score(*args), static_argnums=(0, 4, 5))
+
+
+def sharpened(lm: LanguageModel, seed: int) -> dict:
+    """Tiny-model parameters scaled up so outputs depend strongly on the tokens (random init is
+    near uniform, which would let misaligned positions pass), values are O(1), and EOS is likely
+    enough (~14% a step) that most rows end inside the response."""
+    params = jax.tree.map(np.array, lm.init(jax.random.key(seed)))
+    for trunk in lm.spec.trunks:
+        params[trunk]["token_embedding"] *= 5.0
+        params[trunk]["position_embedding"] *= 5.0
+        for layer in range(lm.spec.num_layers):
+            params[trunk][f"block_{layer}"]["qkv"]["kernel"] *= 3.0
+    eos_row = params["policy"]["token_embedding"][EOS]
+    # The tied LM head reads the final norm's output, so shifting its bias along the EOS
+    # embedding raises the EOS logit by 4.5 whatever the context.
+    params["policy"]["final_norm"]["bias"] += 4.5 * eos_row / np.dot(eos_row, eos_row)
+    params["value_head"]["kernel"] *= 50.0
+    return params
+
+
+def padded_contexts() -> np.ndarray:
+    """`[4, 7]` contexts, left-padded by 0, 2, 4 and 6 tokens."""
+    rng = np.random.default_rng(3)
+    context = np.full((4, 7), PAD, np.int32)
+    for row, pad in enumerate((0, 2, 4, 6)):
+        context[row, pad] = BOS
+        context[row, pad + 1 :] = rng.integers(0, 256, 7 - pad - 1)
+    return context
+
+
+@pytest.fixture(scope="module", params=["shared", "separate"])
+def generated(request: pytest.FixtureRequest) -> tuple:
+    lm = make_language_model(language_model_spec("tiny", VOCAB, critic=request.param))
+    params = sharpened(lm, seed=11)
+    context = jnp.asarray(padded_contexts())
+    key = jax.random.key(5)
+    runs = {
+        use_cache: generate_jit(
+            lm,
+            params,
+            context,
+            key,
+            response_length=RESPONSE_LENGTH,
+            pad_id=PAD,
+            eos_id=EOS,
+            use_cache=use_cache,
+        )
+        for use_cache in (True, False)
+    }
+    return lm, params, context, runs[True], runs[False]
+
+
+def test_cached_generation_matches_uncached(generated: tuple) -> None:
+    lm, params, context, cached, uncached = generated
+    assert isinstance(cached, Generation)
+    assert cached.tokens.shape == (4, RESPONSE_LENGTH) and cached.tokens.dtype == jnp.int32
+    np.testing.assert_array_equal(cached.tokens, uncached.tokens)
+    np.testing.assert_array_equal(cached.mask, uncached.mask)
+    np.testing.assert_allclose(cached.log_probs, uncached.log_probs, atol=1e-5)
+    np.testing.assert_allclose(cached.values, uncached.values, atol=1e-5)
+    # The case is not degenerate: rows differ, some end early, values vary along a response.
+    assert len({tuple(row) for row in np.asarray(cached.tokens)}) == 4
+    assert 0 < cached.mask.sum() < cached.mask.size
+    assert np.std(np.asarray(cached.values)[cached.mask > 0]) > 0.05
+
+
+def test_generation_agrees_with_score(generated: tuple) -> None:
+    lm, params, context, cached, _ = generated
+    tokens, mask = np.asarray(cached.tokens), np.asarray(cached.mask)
+    for row in range(tokens.shape[0]):
+        eos_at = np.flatnonzero(tokens[row] == EOS)
+        end = eos_at[0] + 1 if len(eos_at) else RESPONSE_LENGTH
+        np.testing.assert_array_equal(mask[row, :end], 1.0)
+        np.testing.assert_array_equal(mask[row, end:], 0.0)
+        np.testing.assert_array_equal(tokens[row, end:], PAD)
+    np.testing.assert_array_equal(np.asarray(cached.log_probs)[mask == 0], 0.0)
+    np.testing.assert_array_equal(np.asarray(cached.values)[mask == 0], 0.0)
+
+    scores = score_jit(lm, params, context, cached.tokens, PAD, EOS)
+    np.testing.assert_array_equal(scores.mask, cached.mask)
+    np.testing.assert_allclose(scores.log_probs, cached.log_probs, atol=1e-5)
+    np.testing.assert_allclose(scores.values, cached.values, atol=1e-5)
+    assert np.all(np.asarray(scores.log_probs)[mask > 0] < 0)
+    assert np.all(np.asarray(scores.entropy)[mask > 0] > 0)
+    np.testing.assert_array_equal(np.asarray(scores.entropy)[mask == 0], 0.0)
+    np.testing.assert_allclose(
+        lm.context_value(params, context, PAD), scores.values[:, 0], atol=1e-5
+    )
+
+
+def test_tempered_samples_report_the_policy_log_probs(generated: tuple) -> None:
+    lm, params, context, cached, _ = generated
+    cold = generate_jit(
+        lm,
+        params,
+        context,
+        jax.random.key(5),
+        response_length=RESPONSE_LENGTH,
+        pad_id=PAD,
+        eos_id=EOS,
+        temperature=0.5,
+    )
+    assert not np.array_equal(cold.tokens, cached.tokens)
+    scores = score_jit(lm, params, context, cold.tokens, PAD, EOS)
+    np.testing.assert_allclose(scores.log_probs, cold.log_probs, atol=1e-5)
+
+
+def test_response_mask_ends_after_the_first_eos() -> None:
+    response = jnp.array([[5, EOS, PAD, PAD], [EOS, 3, EOS, PAD], [1, 2, 3, 4]])
+    expected = [[1, 1, 0, 0], [1, 0, 0, 0], [1, 1, 1, 1]]
+    np.testing.assert_array_equal(response_mask(response, EOS), expected)
+
+
+@pytest.mark.parametrize("critic", ["shared", "separate"])
+def test_left_padding_does_not_change_outputs(critic: str) -> None:
+    lm = make_language_model(language_model_spec("tiny", VOCAB, critic=critic))
+    params = sharpened(lm, seed=21)
+    row = np.array([BOS, 10, 200, 33, 7], np.int32)
+    tokens = np.full((2, 9), PAD, np.int32)
+    tokens[0, 4:] = row
+    tokens[1, 1:6] = row  # more padding on the left, and padding after the row
+    mask = np.zeros((2, 9), np.int32)
+    mask[0, 4:] = 1
+    mask[1, 1:6] = 1
+    logits, values = jax.jit(lm.apply)(params, tokens, mask)
+    np.testing.assert_allclose(logits[1, 1:6], logits[0, 4:], atol=1e-4)
+    np.testing.assert_allclose(values[1, 1:6], values[0, 4:], atol=1e-5)
+    assert np.all(np.isfinite(logits)) and np.all(np.isfinite(values))
+    # Positions matter, so the equality above is not trivially true of any model.
+    shifted, _ = lm.apply(params, tokens[:1, 1:6], np.ones((1, 5), np.int32))
+    unshifted, _ = lm.apply(params, tokens[:1, 4:], np.ones((1, 5), np.int32))
+    np.testing.assert_allclose(unshifted[0], logits[0, 4:], atol=1e-4)
+    assert np.abs(np.asarray(shifted) - np.asarray(unshifted)).max() > 0.1
+
+
+def test_changing_a_later_token_leaves_earlier_outputs() -> None:
+    lm = make_language_model(language_model_spec("tiny", VOCAB, critic="separate"))
+    params = sharpened(lm, seed=31)
+    tokens = np.array([[BOS, 4, 90, 17, 250, 3, 61, 8]], np.int32)
+    changed = tokens.copy()
+    changed[0, 5] = 199
+    mask = np.ones_like(tokens)
+    logits, values = lm.apply(params, tokens, mask)
+    logits_changed, values_changed = lm.apply(params, changed, mask)
+    np.testing.assert_array_equal(logits[:, :5], logits_changed[:, :5])
+    np.testing.assert_array_equal(values[:, :5], values_changed[:, :5])
+    assert np.abs(np.asarray(logits[:, 5:]) - np.asarray(logits_changed[:, 5:])).min() > 0
+    assert np.all(np.asarray(values[:, 5:]) != np.asarray(values_changed[:, 5:]))
+
+
+def test_init_is_a_pure_function_of_the_key() -> None:
+    lm = make_language_model(language_model_spec("tiny", VOCAB))
+    first, again = lm.init(jax.random.key(0)), lm.init(jax.random.key(0))
+    other = lm.init(jax.random.key(1))
+    shapes = lm.param_shapes()
+    assert jax.tree.structure(first) == jax.tree.structure(shapes)
+    for leaf, twin, shape in zip(
+        jax.tree.leaves(first), jax.tree.leaves(again), jax.tree.leaves(shapes), strict=True
+    ):
+        assert leaf.shape == shape.shape and leaf.dtype == np.float32
+        np.testing.assert_array_equal(leaf, twin)
+    kernel = first["policy"]["block_0"]["qkv"]["kernel"]
+    assert abs(float(np.std(kernel)) - 0.02) < 0.002
+    assert not np.array_equal(kernel, other["policy"]["block_0"]["qkv"]["kernel"])
+    np.testing.assert_array_equal(first["policy"]["block_0"]["mlp_norm"]["scale"], 1.0)
+    _, values = lm.apply(first, np.full((2, 6), 5, np.int32), np.ones((2, 6), np.int32))
+    assert np.abs(np.asarray(values)).max() < 0.1
+
+
+@pytest.mark.parametrize(
+    ("size", "low", "high"),
+    [("tiny", 1e5, 5e5), ("small", 2e6, 1e7), ("base", 9e7, 1.2e8), ("large", 0.9e9, 1.2e9)],
+)
+def test_preset_parameter_counts(size: str, low: float, high: float) -> None:
+    shared = count_params(make_language_model(language_model_spec(size, VOCAB)).param_shapes())
+    separate = count_params(
+        make_language_model(language_model_spec(size, VOCAB, critic="separate")).param_shapes()
+    )
+    assert low <= shared <= high
+    d_model = LM_SIZES[size]["d_model"]
+    assert separate == 2 * shared - (d_model + 1)  # a second trunk, still one value head
+
+
+@pytest.mark.parametrize("size", ["tiny", "base"])
+def test_every_matrix_shards_under_the_fsdp_rule(size: str) -> None:
+    for critic in ("shared", "separate"):
+        shapes = make_language_model(language_model_spec(size, VOCAB, critic=critic)).param_shapes()
+        matrices = [leaf.shape for leaf in jax.tree.leaves(shapes) if len(leaf.shape) >= 2]
+        assert len(matrices) >= 4 * LM_SIZES[size]["num_layers"]  # qkv, out, mlp in and out
+        assert all(max(shape) % 4 == 0 for shape in matrices)
+        check_model_axis_divides(shapes, 4)
+        if size == "base":
+            check_model_axis_divides(shapes, 8)
+        else:
+            # The vocabulary (260) is the tiny embedding's largest dimension; 8 does not divide it.
+            with pytest.raises(MeshError, match="token_embedding"):
+                check_model_axis_divides(shapes, 8)
+
+
+def test_pretrained_round_trip(tmp_path) -> None:
+    lm = make_language_model(language_model_spec("tiny", VOCAB, critic="separate"))
+    params = lm.init(jax.random.key(7))
+    save_language_model(tmp_path / "weights", params)
+    loaded = load_language_model(tmp_path / "weights", lm.param_shapes())
+    assert jax.tree.structure(loaded) == jax.tree.structure(params)
+    for saved, restored in zip(jax.tree.leaves(params), jax.tree.leaves(loaded), strict=True):
+        assert restored.dtype == np.float32
+        np.testing.assert_array_equal(np.asarray(restored), saved)
+    with pytest.raises(CheckpointError, match="exists"):
+        save_language_model(tmp_path / "weights", params)
+
+
+def test_mismatched_checkpoints_raise(tmp_path) -> None:
+    lm = make_language_model(language_model_spec("tiny", VOCAB))
+    path = save_language_model(tmp_path / "weights", lm.init(jax.random.key(0)))
+    wider = make_language_model(language_model_spec("tiny", VOCAB, mlp_dim=128))
+    with pytest.raises(CheckpointError) as error:
+        load_language_model(path, wider.param_shapes())
+    message = str(error.value)
+    assert "leaf ['policy']['block_0']['mlp_in']['bias'] has shape [256], expected [128]" in message
+    assert str(path) in message
+    separate = make_language_model(language_model_spec("tiny", VOCAB, critic="separate"))
+    with pytest.raises(CheckpointError, match=r"leaf \['critic'\].* is missing"):
+        load_language_model(path, separate.param_shapes())
+    with pytest.raises(CheckpointError, match="not a parameter of this model"):
+        load_language_model(path, {"policy": lm.param_shapes()["policy"]})
+    with pytest.raises(CheckpointError, match="no language-model checkpoint"):
+        load_language_model(tmp_path / "missing", lm.param_shapes())
+
+
+def test_bfloat16_compute_stays_close_to_float32() -> None:
+    spec32 = language_model_spec("tiny", VOCAB)
+    lm32 = make_language_model(spec32)
+    lm16 = make_language_model(language_model_spec("tiny", VOCAB, dtype="bfloat16"))
+    params = lm32.init(jax.random.key(2))
+    context = jnp.asarray(padded_contexts())
+    scores32 = lm32.score(params, context, context[:, ::-1], PAD, EOS)
+    scores16 = lm16.score(params, context, context[:, ::-1], PAD, EOS)
+    assert scores16.log_probs.dtype == jnp.float32
+    np.testing.assert_allclose(scores16.log_probs, scores32.log_probs, atol=0.05)
+    np.testing.assert_allclose(scores16.values, scores32.values, atol=0.01)
