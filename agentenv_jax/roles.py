@@ -109,6 +109,19 @@ def check_text_settings(config: ExperimentConfig, spaces: EnvSpaces) -> None:
         )
 
 
+def check_group_baseline(config: ExperimentConfig, vector_env: Any) -> None:
+    """The group baseline compares the answers to one prompt, which in a text env's segment
+    are the same row of one group of envs: only single-turn tasks keep them aligned."""
+    from agentenv_jax.envs.factory import EnvError
+
+    turns = getattr(vector_env, "max_turns", 1)
+    if getattr(config.algorithm, "advantage", "gae") == "group" and turns > 1:
+        raise EnvError(
+            f"algorithm.advantage = 'group' needs a single-turn text env; env.id = "
+            f"{config.env.id!r} takes up to {turns} messages per episode (use 'gae')"
+        )
+
+
 def prepare_env_rank(config: ExperimentConfig, topology: Topology):
     from agentenv_jax.envs.factory import check_first_reset, make_vector_env, vector_env_spaces
 
@@ -123,6 +136,7 @@ def prepare_env_rank(config: ExperimentConfig, topology: Topology):
         check_first_reset(vector_env, config.env)
         spaces = vector_env_spaces(config.env.id, vector_env)
         check_spaces_fit(config, spaces, vector_env.single_action_space)
+        check_group_baseline(config, vector_env)
     except Exception:
         vector_env.close()
         raise
@@ -247,7 +261,7 @@ def build_central_policy(config, spaces, network, device):
         action_distribution(spaces.action_kind, spaces.action_nvec),
         spaces.action_size,
         spaces.action_shape,
-        [config.run.seed, -1],  # unused: every row's noise is its env rank's stream
+        None,  # no stream of its own: every row's noise is its env rank's stream
         device,
     )
 

@@ -31,12 +31,13 @@ class ActorPolicy:
         distribution: ActionDistribution,
         action_size: int,
         action_shape: tuple[int, ...],
-        seed_sequence: list[int],
+        seed_sequence: list[int] | None,
         device: jax.Device | None = None,
     ):
         # The env rank's CPU, or a learner device for central inference (`actor.central`).
         self._device = device or jax.devices("cpu")[0]
-        self._own_noise = self.noise_source(seed_sequence)
+        # None: every call brings its noise (`act_with`; the central server's rows).
+        self._own_noise = None if seed_sequence is None else self.noise_source(seed_sequence)
         self._distribution = distribution
         self._action_size = action_size
         self._action_shape = action_shape

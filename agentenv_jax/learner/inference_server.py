@@ -74,7 +74,8 @@ class InferenceServer:
         self._eos_id = eos_id
         self._pending: dict[int, float] = {}  # env-rank index -> when its request was taken
         self.requests = 0
-        self.batches = 0
+        self.batches = 0  # policy calls: act batches ...
+        self.value_batches = 0  # ... and value-only ones (bootstrapping)
         self.rows = 0  # rows of real requests answered (padding excluded)
         self.tokens_generated = 0
         self.compute_s = 0.0
@@ -134,7 +135,10 @@ class InferenceServer:
                         self.tokens_generated += generated_tokens(action[a:b], self._eos_id)
                 else:
                     replies[k]["state_value"][...] = state_value[a:b]
-            self.batches += 1
+            if act:
+                self.batches += 1
+            else:
+                self.value_batches += 1
         self.requests += len(indices)
         self.compute_s += time.perf_counter() - tick
 
@@ -160,8 +164,9 @@ class InferenceServer:
         """For `summary.json`: how the server was used."""
         return {
             "requests": self.requests,
-            "batches": self.batches,
-            "rows_per_batch": self.rows / max(self.batches, 1),
+            "act_batches": self.batches,
+            "value_batches": self.value_batches,
+            "rows_per_act_batch": self.rows / max(self.batches, 1),
             "tokens_generated": self.tokens_generated,
             "compute_s": self.compute_s,
         }

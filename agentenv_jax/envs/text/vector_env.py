@@ -82,6 +82,11 @@ class TextVectorEnv(gym.vector.VectorEnv):
             maxlen=FINISHED_TRANSCRIPTS
         )
 
+    @property
+    def max_turns(self) -> int:
+        """Agent messages an episode may take (1: a single-turn task)."""
+        return max(task.max_turns for task in self._tasks)
+
     def reset(
         self, *, seed: int | None = None, options: dict[str, Any] | None = None
     ) -> tuple[np.ndarray, dict[str, Any]]:
