@@ -34,12 +34,12 @@ class ActorPolicy:
         seed_sequence: list[int] | None,
         device: jax.Device | None = None,
     ):
-        # The env rank's CPU, or a learner device for central inference (`actor.central`).
+        # The env rank's CPU, or a learner device (central inference, `learner.inference_server`).
         self._device = device or jax.devices("cpu")[0]
-        # None: every call brings its noise (`act_with`; the central server's rows).
-        self._own_noise = None if seed_sequence is None else self.noise_source(seed_sequence)
         self._distribution = distribution
         self._action_size = action_size
+        # None: every call brings its noise (`act_with`; the central server's rows).
+        self._own_noise = None if seed_sequence is None else self.noise_source(seed_sequence)
         self._action_shape = action_shape
         self._params = None
 

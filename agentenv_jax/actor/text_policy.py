@@ -3,7 +3,7 @@ step (`networks.generation`), on an env rank's CPU or on the learner's devices.
 
 Sampling keys are per env row and call, `fold_in(fold_in(PRNGKey(seed), global env index),
 call)`, so what an env is answered does not depend on which rows share a batch: an env rank's
-own policy and the learner's central server (`actor.central`) draw alike.
+own policy and the learner's central server (`learner.inference_server`) draw alike.
 """
 
 from __future__ import annotations
