@@ -84,7 +84,9 @@ def _resolve_unwrapped(config: EnvConfig) -> Callable[[], gym.Env]:
 
         return make_from_entry_point
     if env_id not in gym.registry:
-        close = [close_built_in_id(env_id)] if close_built_in_id(env_id) else []
+        from agentenv_jax.envs.text.registry import close_text_env_id
+
+        close = [c for c in (close_built_in_id(env_id), close_text_env_id(env_id)) if c]
         close = close or difflib.get_close_matches(env_id, _registered_ids(), n=1, cutoff=0.6)
         hint = f" (did you mean {close[0]!r}?)" if close else ""
         raise EnvError(
