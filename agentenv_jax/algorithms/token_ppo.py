@@ -108,22 +108,34 @@ def token_gae(
     flat = lambda x: jnp.swapaxes(x, 1, 2).reshape(t * m, b)  # noqa: E731
     per_token = lambda x: jnp.broadcast_to(x[:, :, None], (t, b, m))  # noqa: E731
     is_last = flat(last) > 0
-    term = flat(per_token(terminated.astype(bool))) & is_last
-    trunc = flat(per_token(truncated.astype(bool) & ~terminated.astype(bool))) & is_last
+    ended_term = terminated.astype(bool)
+    ended_trunc = truncated.astype(bool) & ~ended_term
+    term = flat(per_token(ended_term)) & is_last
+    trunc = flat(per_token(ended_trunc)) & is_last
     boot = flat(per_token(bootstrap_value))
+    # An episode that ended on a row without tokens (a faulted env step, say) still cuts the
+    # sequence there: the message before it bootstraps from V(state of the row) = gamma *
+    # bootstrap where truncated (how the actor writes a faulted row), 0 where terminated.
+    empty_end = (mask.sum(-1) == 0) & (ended_term | ended_trunc)  # [T, B]
+    at_first = jnp.zeros((t, b, m), bool).at[:, :, 0].set(empty_end)
+    cut = flat(at_first)
+    cut_value = flat(per_token(jnp.where(ended_trunc, gamma * bootstrap_value, 0.0)))
 
     def step(carry, x):
         next_value, next_adv = carry
-        reward, value, valid, term_t, trunc_t, boot_t = x
+        reward, value, valid, term_t, trunc_t, boot_t, cut_t, cut_value_t = x
         nv = jnp.where(term_t, 0.0, jnp.where(trunc_t, boot_t, next_value))
         cont = 1.0 - (term_t | trunc_t).astype(values.dtype)
         delta = reward + gamma * nv - value
         adv = delta + gamma * gae_lambda * cont * next_adv
         valid = valid > 0
-        carry = (jnp.where(valid, value, next_value), jnp.where(valid, adv, next_adv))
+        carry = (
+            jnp.where(valid, value, jnp.where(cut_t, cut_value_t, next_value)),
+            jnp.where(valid, adv, jnp.where(cut_t, 0.0, next_adv)),
+        )
         return carry, jnp.where(valid, adv, 0.0)
 
-    xs = (flat(token_rewards), flat(values), flat(mask), term, trunc, boot)
+    xs = (flat(token_rewards), flat(values), flat(mask), term, trunc, boot, cut, cut_value)
     init = (last_value.astype(values.dtype), jnp.zeros_like(last_value, dtype=values.dtype))
     _, advantages = jax.lax.scan(step, init, xs, reverse=True)
     advantages = jnp.swapaxes(advantages.reshape(t, m, b), 1, 2)

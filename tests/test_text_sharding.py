@@ -1,0 +1,140 @@
+"""The transformer's token-PPO update gives the same result on 1 device and on a
+`{data: 2, model: 4}` mesh of 8 host devices, where each device holds about a quarter of the
+parameters, reference parameters and Adam moments (FSDP).
+
+XLA's host-device count is fixed when the backend starts, so the comparison runs in a fresh
+interpreter with `--xla_force_host_platform_device_count=8`; both meshes live in that process.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+
+from conftest import REPO
+
+# Builds the update as the learner does (`Learner.__init__`): `language_model_training` with
+# the mesh's row constraint, the state's shardings from its abstract shape, `jit_sharded_update`.
+SCRIPT = r"""
+import json, sys
+import jax, jax.numpy as jnp, numpy as np, optax
+from agentenv_jax.learner.loop import jit_sharded_update
+from agentenv_jax.learner.text_training import language_model_training
+from agentenv_jax.parallel.mesh import make_mesh, place_on_mesh, row_constraint
+from agentenv_jax.parallel.partitioning import check_model_axis_divides, state_shardings
+from test_token_ppo import TEXT, make_text_rollout, rescored, scoring_model, text_config
+
+assert len(jax.devices()) == 8, jax.devices()
+config = text_config(learning_rate=1e-4)
+lm = scoring_model(config.network.language_model)
+arrays, results = {}, {}
+for name, (n, model) in {"one": (1, 1), "data2_model4": (8, 4)}.items():
+    mesh = make_mesh(n, model=model)
+    trained = language_model_training(config, TEXT, 10, row_constraint(mesh))
+    abstract = jax.eval_shape(
+        trained.train_state, trained.param_shapes, jax.ShapeDtypeStruct((2,), jnp.uint32)
+    )
+    check_model_axis_divides(abstract.params, model)
+    shardings = state_shardings(mesh, abstract)
+    update = jit_sharded_update(trained.update, mesh, shardings)
+    params = trained.init_params(jax.random.PRNGKey(0))
+    rollout = make_text_rollout(lm, params, seed=0)
+    state = place_on_mesh(
+        mesh, jax.jit(trained.train_state)(params, jax.random.PRNGKey(1)), shardings
+    )
+    for _ in range(3):
+        # Behaviour log-probs and values of the current policy, as the env ranks' next rollout
+        # would carry: every update starts on-policy and has policy gradients.
+        state, metrics = update(state, rescored(lm, state.params, rollout))
+    adam = next(
+        s for s in jax.tree.leaves(
+            state.opt_state, is_leaf=lambda x: isinstance(x, optax.ScaleByAdamState)
+        )
+        if isinstance(s, optax.ScaleByAdamState)
+    )
+    parts = {"params": state.params, "ref_params": state.ref_params, "adam_mu": adam.mu,
+             "adam_nu": adam.nu}
+    held, per_device = {}, {}
+    for part, tree in parts.items():
+        leaves = jax.tree.leaves(tree)
+        total = sum(leaf.size for leaf in leaves)
+        held[part] = sum(leaf.addressable_shards[0].data.size for leaf in leaves) / total
+        counts = {}
+        for leaf in leaves:
+            for shard in leaf.addressable_shards:
+                counts[shard.device.id] = counts.get(shard.device.id, 0) + shard.data.size
+        per_device[part] = sorted(counts.values())
+    for i, leaf in enumerate(jax.tree.leaves(state.params)):
+        arrays[f"{name}/params/{i}"] = np.asarray(leaf)
+    for i, leaf in enumerate(jax.tree.leaves(state.ref_params)):
+        arrays[f"{name}/ref_params/{i}"] = np.asarray(leaf)
+    for i, leaf in enumerate(jax.tree.leaves(params)):
+        arrays[f"{name}/initial/{i}"] = np.asarray(leaf)
+    results[name] = {
+        "mesh_shape": dict(mesh.shape),
+        "update_count": int(state.update_count),
+        "metrics": {k: float(v) for k, v in metrics.items()},
+        "held_fraction": held,
+        "per_device": per_device,
+        "param_count": sum(leaf.size for leaf in jax.tree.leaves(state.params)),
+    }
+np.savez(sys.argv[1], **arrays)
+print("RESULT" + json.dumps(results))
+"""
+
+
+def _run_with_eight_host_devices(script: str, out: str) -> dict:
+    env = dict(os.environ)
+    env["XLA_FLAGS"] = "--xla_force_host_platform_device_count=8"
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO / "tests"), env.get("PYTHONPATH", "")])
+    proc = subprocess.run(
+        [sys.executable, "-c", script, out],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=REPO,
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    line = next(x for x in proc.stdout.splitlines() if x.startswith("RESULT"))
+    return json.loads(line[len("RESULT") :])
+
+
+def test_token_ppo_update_on_a_data2_model4_mesh_equals_one_device_and_shards_the_state(
+    tmp_path,
+):
+    out = tmp_path / "arrays.npz"
+    results = _run_with_eight_host_devices(SCRIPT, str(out))
+    arrays = np.load(out)
+    one, fsdp = results["one"], results["data2_model4"]
+    assert one["mesh_shape"] == {"data": 1} and fsdp["mesh_shape"] == {"data": 2, "model": 4}
+    assert one["update_count"] == fsdp["update_count"] == 3
+    leaves = sorted({key.split("/", 2)[2] for key in arrays if key.startswith("one/params/")})
+    assert len(leaves) > 10
+    moved = 0.0
+    for part in ("params", "ref_params"):
+        for i in leaves:
+            a, b = arrays[f"one/{part}/{i}"], arrays[f"data2_model4/{part}/{i}"]
+            np.testing.assert_allclose(b, a, rtol=1e-5, atol=1e-5, err_msg=f"{part}/{i}")
+    for i in leaves:
+        initial = arrays[f"one/initial/{i}"]
+        np.testing.assert_array_equal(arrays[f"one/ref_params/{i}"], initial)
+        moved = max(moved, float(np.abs(arrays[f"one/params/{i}"] - initial).max()))
+    # The updates moved the parameters, so their agreement means something.
+    assert moved > 1e-4 and one["metrics"]["grad_norm"] > 0
+    assert one["metrics"]["clip_fraction"] < 0.9
+    assert one["metrics"].keys() == fsdp["metrics"].keys()
+    for name, value in one["metrics"].items():
+        np.testing.assert_allclose(fsdp["metrics"][name], value, rtol=1e-4, atol=1e-5, err_msg=name)
+    # Each device holds about a quarter of every parameter-shaped tree: the matrices are split
+    # four ways, the vectors (biases, norms) replicated.
+    for part, fraction in fsdp["held_fraction"].items():
+        assert 0.25 <= fraction <= 0.3, (part, fraction)
+        per_device = fsdp["per_device"][part]
+        assert len(per_device) == 8 and len(set(per_device)) == 1, (part, per_device)
+        assert per_device[0] == round(fraction * one["param_count"])
+    assert one["held_fraction"] == {part: 1.0 for part in fsdp["held_fraction"]}
