@@ -147,7 +147,7 @@ def learner_devices(config: ExperimentConfig, processes: int = 1) -> int:
     """How many local devices each of the `processes` learner processes puts in the mesh."""
     import jax
 
-    from agentenv_jax.learner.loop import minibatch_size
+    from agentenv_jax.learner.on_policy_model import minibatch_size
     from agentenv_jax.parallel.mesh import choose_mesh_devices, choose_num_devices
 
     if config.algorithm.name == "sac":

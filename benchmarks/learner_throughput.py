@@ -69,11 +69,8 @@ def _time_updates(step, state, batch, warmup: int, updates: int):
 def ppo_throughput(config, args) -> dict:
     from agentenv_jax.algorithms.ppo import TrainState
     from agentenv_jax.buffers.segment_queue import on_policy_segment_spec
-    from agentenv_jax.learner.loop import (
-        jit_sharded_update,
-        make_on_policy_update,
-        rollout_shapes,
-    )
+    from agentenv_jax.learner.loop import jit_sharded_update, rollout_shapes
+    from agentenv_jax.learner.on_policy_model import make_on_policy_update
     from agentenv_jax.networks import action_distribution, actor_critic_for, init_params
     from agentenv_jax.parallel.mesh import make_mesh, place_on_mesh, row_constraint
     from agentenv_jax.parallel.partitioning import check_model_axis_divides, state_shardings

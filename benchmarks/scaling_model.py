@@ -129,7 +129,8 @@ def _update_on(mesh: Any, net: str) -> tuple[Any, Any, int, int]:
 
     from agentenv_jax.algorithms.ppo import TrainState
     from agentenv_jax.config.loading import load_config
-    from agentenv_jax.learner.loop import jit_sharded_update, make_on_policy_update
+    from agentenv_jax.learner.loop import jit_sharded_update
+    from agentenv_jax.learner.on_policy_model import make_on_policy_update
     from agentenv_jax.networks import action_distribution, init_params, make_actor_critic
     from agentenv_jax.parallel.mesh import replicated, row_constraint
 

@@ -48,11 +48,21 @@ def config_reference() -> str:
                 title += f" with `name: {_default(dataclasses.fields(cls)[0]).strip(chr(34))}`"
             parts.append(f"### {title} — {doc}\n")
             parts.append("| key | default | meaning |\n|---|---|---|")
-            comments = _comments(cls)
-            for field in dataclasses.fields(cls):
-                parts.append(
-                    f"| `{section.name}.{field.name}` | `{_default(field)}` | "
-                    f"{comments.get(field.name, '')} |"
-                )
+            parts += _rows(cls, section.name)
             parts.append("")
     return "\n".join(parts)
+
+
+def _rows(cls: type, prefix: str) -> list[str]:
+    """One table row per field of `cls`; a nested section's fields under its own prefix."""
+    rows, comments = [], _comments(cls)
+    for field in dataclasses.fields(cls):
+        if field.default_factory is not dataclasses.MISSING and dataclasses.is_dataclass(
+            nested := field.default_factory()
+        ):
+            rows += _rows(type(nested), f"{prefix}.{field.name}")
+            continue
+        rows.append(
+            f"| `{prefix}.{field.name}` | `{_default(field)}` | {comments.get(field.name, '')} |"
+        )
+    return rows

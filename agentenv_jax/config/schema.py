@@ -87,9 +87,7 @@ class LanguageModelConfig:
     mlp_dim: int = 0  # hidden width of each block's MLP
     value_trunk: ValueTrunk = "shared"  # value head on the policy's trunk, or a trunk of its own
     dtype: Literal["float32", "bfloat16"] = "float32"  # compute dtype (parameters stay float32)
-    init_from: str | None = (
-        None  # local orbax checkpoint of the weights to start from (None: random)
-    )
+    init_from: str | None = None  # a local orbax checkpoint of weights to start from (None: random)
 
     def validate(self, prefix: str) -> None:
         for name in ("d_model", "num_layers", "num_heads", "mlp_dim"):
@@ -103,8 +101,10 @@ class LanguageModelConfig:
 
 @dataclass(frozen=True)
 class NetworkConfig:
-    """The actor-critic: separate actor and critic MLPs, or one CNN torso shared by both heads;
-    on text envs, a decoder-only transformer (`language_model`)."""
+    """The actor-critic: MLPs, a CNN torso shared by both heads, or (text envs) a transformer.
+
+    Text envs use `language_model`, a decoder-only transformer; the other fields are for the
+    MLP and CNN actor-critics."""
 
     torso: Torso = "auto"  # auto (nature_cnn for images, else mlp), mlp, nature_cnn, impala_cnn
     actor_hidden: tuple[int, ...] = (64, 64)  # hidden layer widths of the policy MLP

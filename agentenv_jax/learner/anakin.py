@@ -23,7 +23,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from agentenv_jax.algorithms.ppo import Batch, Params, TrainState
 from agentenv_jax.config.schema import ExperimentConfig
 from agentenv_jax.envs.jax_envs import EnvCarry, JaxEnv
-from agentenv_jax.learner.loop import make_on_policy_update, num_updates
+from agentenv_jax.learner.on_policy_model import make_on_policy_update, num_updates
 from agentenv_jax.networks import (
     ActionDistribution,
     action_distribution,

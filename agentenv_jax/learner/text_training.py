@@ -46,7 +46,7 @@ def language_model_training(
 ):
     """`OnPolicyModel` of a text env: the transformer of `network.language_model`, its
     parameters (random or `init_from`), and token-level PPO."""
-    from agentenv_jax.learner.loop import OnPolicyModel
+    from agentenv_jax.learner.on_policy_model import OnPolicyModel
 
     algo = config.algorithm
     if not isinstance(algo, PPOConfig):
