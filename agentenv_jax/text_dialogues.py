@@ -1,0 +1,254 @@
+"""Dialogues of a language-model policy on its text env, sampled for people to read.
+
+Play a few episodes with untrained or trained parameters and see what the agent wrote and
+what it scored:
+
+    import agentenv_jax as ae
+    from agentenv_jax.text_dialogues import sample_dialogues, trained_params
+
+    before = sample_dialogues(ae.load_config("experiments/arithmetic_ppo.yaml"))
+    run = ae.train("arithmetic_ppo")
+    after = sample_dialogues(run.config, trained_params(run.run_dir))
+    print(after)  # numbered dialogues with ✓/✗; after.accuracy, before.accuracy
+
+The policy generates with the KV cache (`networks.generation.generate`), jitted, on the CPU;
+each episode's prompt comes from the evaluation seeds `evaluate` uses (`EVAL_SEED_BASE + ...`),
+far from the seeds training draws its prompts from. jax is imported by the functions, not with
+this module.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from agentenv_jax.config.schema import ExperimentConfig
+
+
+def _visible(line: str) -> str:
+    """`line` with its control characters (which an untrained policy writes) escaped, so
+    they neither move the cursor nor ring the bell: `\\t`, `\\x1b`, ..."""
+    return "".join(
+        char if char.isprintable() or char == " " else char.encode("unicode_escape").decode()
+        for char in line
+    )
+
+
+@dataclasses.dataclass(frozen=True)
+class DialogueSample:
+    """Episodes of a policy on a text env, in order of the episodes' seeds.
+
+    Each transcript is the prompt, then an `agent: ...` line per message and an `env: ...` line
+    per reply (`TextVectorEnv.transcript`).
+    """
+
+    env_id: str
+    transcripts: list[str]
+    successes: list[bool]  # the episode met its goal (a right answer, the number guessed)
+    returns: list[float]  # undiscounted sum of the episode's rewards
+    accuracy: float  # fraction of episodes that met their goal: the mean of `successes`
+    mean_response_tokens: float  # tokens per agent message, EOS included, over all messages
+
+    def format(self, limit: int | None = None) -> str:
+        """A header line, then the first `limit` dialogues (all when None), numbered, each
+        marked ✓ (goal met) or ✗ with its return, its lines indented."""
+        count = len(self.transcripts)
+        lines = [
+            f"{count} dialogues on {self.env_id}: accuracy {self.accuracy:.3f}, "
+            f"{self.mean_response_tokens:.2f} tokens per message"
+        ]
+        width = len(str(count))
+        shown = range(count if limit is None else min(limit, count))
+        for i in shown:
+            mark = "✓" if self.successes[i] else "✗"
+            lines.append(f"{i + 1:>{width}} {mark} return {self.returns[i]:.2f}")
+            lines.extend(
+                f"{' ' * width}   {_visible(line)}" for line in self.transcripts[i].split("\n")
+            )
+        if len(shown) < count:
+            lines.append(f"... and {count - len(shown)} more")
+        return "\n".join(lines)
+
+    def __str__(self) -> str:
+        return self.format()
+
+
+def initial_params(config: ExperimentConfig) -> Any:
+    """The language model's parameters before training, as the learner of `config` draws them:
+    from the first half of `split(PRNGKey(run.seed))` (or `init_from`'s weights)."""
+    from agentenv_jax.envs.text import make_text_vector_env
+
+    env = make_text_vector_env(config.env.id, 1, config.env.kwargs)
+    try:
+        return _initial_params(config, _language_model(config, env.text_spec))
+    finally:
+        env.close()
+
+
+def _language_model(config: ExperimentConfig, text: Any) -> Any:
+    """The `LanguageModel` of `config` over the env's `TextSpec` `text`, as the learner's."""
+    from agentenv_jax.networks.text_models import language_model_for
+
+    return language_model_for(config.network.language_model, text)
+
+
+def _initial_params(config: ExperimentConfig, lm: Any) -> Any:
+    import jax
+
+    from agentenv_jax.networks.text_models import initial_language_model_params
+
+    # As `learner.loop`: the first key of the split initializes, the second trains.
+    init_key, _ = jax.random.split(jax.random.PRNGKey(config.run.seed))
+    return initial_language_model_params(lm, config.network.language_model, init_key)
+
+
+def trained_params(run_dir: str | Path) -> Any:
+    """The policy parameters of run `run_dir`'s newest checkpoint (a host pytree, as
+    `Run.params` restores it); `CheckpointError` when the run has no checkpoint."""
+    from agentenv_jax.api import load_run
+
+    return load_run(run_dir).params
+
+
+def _check_params(params: Any, shapes: Any) -> None:
+    """`ValueError` naming the first leaf of `params` that does not fit the model's shapes."""
+    import jax
+
+    if jax.tree.structure(params) != jax.tree.structure(shapes):
+        raise ValueError(
+            "params do not have the language model's tree of parameters (another env's or "
+            "network.language_model's?): expected the tree of the config's model"
+        )
+    for (path, leaf), shape in zip(
+        jax.tree_util.tree_leaves_with_path(params), jax.tree.leaves(shapes), strict=True
+    ):
+        if tuple(leaf.shape) != tuple(shape.shape):
+            raise ValueError(
+                f"params{jax.tree_util.keystr(path)} has shape {tuple(leaf.shape)}; the config's "
+                f"language model expects {tuple(shape.shape)}"
+            )
+
+
+def _first_episodes(
+    env: Any, act: Callable[[Any], Any], count: int, seed: int
+) -> tuple[list[tuple[str, bool, float]], int, int]:
+    """Reset `env` (a `TextVectorEnv`) with `seed` and step it with `act(obs [E, L]) ->
+    actions [E, M]` until envs `0..count - 1` have each ended an episode. Returns those first
+    episodes' `(transcript, success, return)` in env order, and the tokens and messages they
+    hold (tokens EOS included)."""
+    import numpy as np
+
+    obs, _ = env.reset(seed=seed)
+    running = np.arange(env.num_envs) < count  # envs whose first episode is still going on
+    records: dict[int, tuple[str, bool, float]] = {}
+    tokens, messages = 0, 0
+    while running.any():
+        obs, _, terminated, truncated, info = env.step(act(obs))
+        tokens += int(info["response_tokens"][running].sum())
+        messages += int(running.sum())
+        ended = np.flatnonzero(terminated | truncated)
+        # This step's ended episodes, in env order, are the newest the env keeps.
+        kept = list(env.finished_transcripts)
+        for i, (transcript, success, episode_return) in zip(
+            ended.tolist(), kept[len(kept) - ended.size :], strict=True
+        ):
+            if running[i]:
+                records[i] = (transcript, bool(success), float(episode_return))
+                running[i] = False
+    return [records[i] for i in range(count)], tokens, messages
+
+
+def sample_dialogues(
+    config: ExperimentConfig,
+    params: Any = None,
+    *,
+    num_episodes: int = 8,
+    seed: int = 0,
+    temperature: float = 1.0,
+) -> DialogueSample:
+    """`num_episodes` episodes of `config`'s text env played by its language model with
+    `params` (None: `initial_params(config)`, the untrained policy).
+
+    Envs step together in rounds of up to 64; each env counts its first episode of a round
+    only, so episodes that end sooner are not over-represented. Episode `j`'s prompt is drawn
+    from the env seed `EVAL_SEED_BASE + seed * num_episodes + j` (with `env.kwargs.group_size`
+    > 1, each group shares its first env's), and its messages are sampled at `temperature`
+    with keys from `PRNGKey(seed)`: the same arguments give the same dialogues.
+    """
+    if isinstance(num_episodes, bool) or not isinstance(num_episodes, int) or num_episodes < 1:
+        raise ValueError(f"num_episodes = {num_episodes!r}: expected an integer >= 1")
+    if not temperature > 0:
+        raise ValueError(f"temperature = {temperature!r}: expected a number > 0")
+    import functools
+
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+
+    from agentenv_jax.envs.text import make_text_vector_env
+    from agentenv_jax.envs.text.vector_env import FINISHED_TRANSCRIPTS
+    from agentenv_jax.evaluation import EVAL_SEED_BASE
+    from agentenv_jax.networks.generation import generate
+
+    group_size = config.env.kwargs.get("group_size", 1)
+    if not isinstance(group_size, int) or group_size < 1:
+        group_size = 1  # the env names the bad value
+    if group_size > FINISHED_TRANSCRIPTS:
+        raise ValueError(
+            f"env.kwargs.group_size = {group_size}: sample_dialogues steps at most "
+            f"{FINISHED_TRANSCRIPTS} envs together (a whole group at a time)"
+        )
+    # A whole number of groups, as `TextVectorEnv` requires, and no more envs than it keeps
+    # transcripts of (a step's ended episodes are read from `finished_transcripts`).
+    wanted = -(-min(num_episodes, FINISHED_TRANSCRIPTS) // group_size) * group_size
+    batch = min(wanted, FINISHED_TRANSCRIPTS // group_size * group_size)
+    cpu = jax.devices("cpu")[0]
+    env = make_text_vector_env(config.env.id, batch, config.env.kwargs)
+    try:
+        text = env.text_spec
+        lm = _language_model(config, text)
+        if params is None:
+            params = _initial_params(config, lm)
+        _check_params(params, lm.param_shapes())
+        with jax.default_device(cpu):
+            params = jax.device_put(params, cpu)
+            generate_fn = jax.jit(
+                functools.partial(
+                    generate,
+                    lm,
+                    response_length=text.response_length,
+                    pad_id=text.pad_id,
+                    eos_id=text.eos_id,
+                )
+            )
+            keys = iter(
+                jax.random.fold_in(jax.random.PRNGKey(seed), call) for call in itertools.count()
+            )
+
+            def act(obs: np.ndarray) -> np.ndarray:
+                context = jnp.asarray(obs, jnp.int32)
+                out = generate_fn(params, context, next(keys), temperature=temperature)
+                return np.asarray(out.tokens)
+
+            episodes: list[tuple[str, bool, float]] = []
+            tokens, messages = 0, 0
+            for first in range(0, num_episodes, batch):
+                count = min(batch, num_episodes - first)
+                reset_seed = EVAL_SEED_BASE + seed * num_episodes + first
+                records, round_tokens, round_messages = _first_episodes(env, act, count, reset_seed)
+                episodes += records
+                tokens += round_tokens
+                messages += round_messages
+    finally:
+        env.close()
+    return DialogueSample(
+        env_id=config.env.id,
+        transcripts=[transcript for transcript, _, _ in episodes],
+        successes=[success for _, success, _ in episodes],
+        returns=[episode_return for _, _, episode_return in episodes],
+        accuracy=float(np.mean([success for _, success, _ in episodes])),
+        mean_response_tokens=tokens / messages,
+    )
