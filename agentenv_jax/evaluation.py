@@ -35,9 +35,13 @@ from agentenv_jax.envs.factory import (
     vector_env_spaces,
 )
 from agentenv_jax.envs.multi_agent.registry import is_multi_agent
+from agentenv_jax.envs.text.registry import is_text_env
 from agentenv_jax.metrics.compilation import use_persistent_cache
 
 EVAL_SEED_BASE = 2**30
+# Text envs' deterministic evaluation samples at this temperature: the most likely token wins
+# unless two logits are within ~1e-4 of each other.
+GREEDY_TEMPERATURE = 1e-4
 
 
 @dataclasses.dataclass(frozen=True)
@@ -245,6 +249,22 @@ def evaluate(
 
         returns, lengths = play_jax_episodes(config, state["params"], seeds, deterministic)
         return Evaluation(run_dir, int(step), deterministic, tuple(returns), tuple(lengths))
+    if is_text_env(config.env.id):
+        if video_dir is not None:
+            raise ConfigError("--video is not supported for text envs: evaluate without it")
+        from agentenv_jax.text_dialogues import sample_dialogues
+
+        # Deterministic: (nearly) greedy decoding; the Gumbel noise of sampling is kept.
+        sample = sample_dialogues(
+            config,
+            state["params"],
+            num_episodes=episodes,
+            seed=seed,
+            temperature=GREEDY_TEMPERATURE if deterministic else 1.0,
+        )
+        return Evaluation(
+            run_dir, int(step), deterministic, tuple(sample.returns), tuple(sample.lengths)
+        )
     if is_multi_agent(config.env.id):
         if video_dir is not None:
             raise ConfigError("--video is not supported for multi-agent envs: evaluate without it")

@@ -49,6 +49,7 @@ class DialogueSample:
     transcripts: list[str]
     successes: list[bool]  # the episode met its goal (a right answer, the number guessed)
     returns: list[float]  # undiscounted sum of the episode's rewards
+    lengths: list[int]  # agent messages of each episode
     accuracy: float  # fraction of episodes that met their goal: the mean of `successes`
     mean_response_tokens: float  # tokens per agent message, EOS included, over all messages
 
@@ -134,19 +135,21 @@ def _check_params(params: Any, shapes: Any) -> None:
 
 def _first_episodes(
     env: Any, act: Callable[[Any], Any], count: int, seed: int
-) -> tuple[list[tuple[str, bool, float]], int, int]:
+) -> tuple[list[tuple[str, bool, float, int]], int, int]:
     """Reset `env` (a `TextVectorEnv`) with `seed` and step it with `act(obs [E, L]) ->
     actions [E, M]` until envs `0..count - 1` have each ended an episode. Returns those first
-    episodes' `(transcript, success, return)` in env order, and the tokens and messages they
-    hold (tokens EOS included)."""
+    episodes' `(transcript, success, return, messages)` in env order, and the tokens and
+    messages they hold (tokens EOS included)."""
     import numpy as np
 
     obs, _ = env.reset(seed=seed)
     running = np.arange(env.num_envs) < count  # envs whose first episode is still going on
-    records: dict[int, tuple[str, bool, float]] = {}
+    records: dict[int, tuple[str, bool, float, int]] = {}
     tokens, messages = 0, 0
+    lengths = np.zeros(env.num_envs, np.int64)
     while running.any():
         obs, _, terminated, truncated, info = env.step(act(obs))
+        lengths[running] += 1
         tokens += int(info["response_tokens"][running].sum())
         messages += int(running.sum())
         ended = np.flatnonzero(terminated | truncated)
@@ -156,7 +159,7 @@ def _first_episodes(
             ended.tolist(), kept[len(kept) - ended.size :], strict=True
         ):
             if running[i]:
-                records[i] = (transcript, bool(success), float(episode_return))
+                records[i] = (transcript, bool(success), float(episode_return), int(lengths[i]))
                 running[i] = False
     return [records[i] for i in range(count)], tokens, messages
 
@@ -233,7 +236,7 @@ def sample_dialogues(
                 out = generate_fn(params, context, next(keys), temperature=temperature)
                 return np.asarray(out.tokens)
 
-            episodes: list[tuple[str, bool, float]] = []
+            episodes: list[tuple[str, bool, float, int]] = []
             tokens, messages = 0, 0
             for first in range(0, num_episodes, batch):
                 count = min(batch, num_episodes - first)
@@ -246,9 +249,10 @@ def sample_dialogues(
         env.close()
     return DialogueSample(
         env_id=config.env.id,
-        transcripts=[transcript for transcript, _, _ in episodes],
-        successes=[success for _, success, _ in episodes],
-        returns=[episode_return for _, _, episode_return in episodes],
-        accuracy=float(np.mean([success for _, success, _ in episodes])),
+        transcripts=[episode[0] for episode in episodes],
+        successes=[episode[1] for episode in episodes],
+        returns=[episode[2] for episode in episodes],
+        lengths=[episode[3] for episode in episodes],
+        accuracy=float(np.mean([episode[1] for episode in episodes])),
         mean_response_tokens=tokens / messages,
     )

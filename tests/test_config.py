@@ -180,11 +180,22 @@ def test_config_reference_documents_every_field_of_every_section_and_algorithm()
             rows.setdefault(key.strip("`"), []).append((default, meaning))
     hints = typing.get_type_hints(ExperimentConfig)
     expected = 0
+
+    def check(cls: type, prefix: str) -> None:
+        nonlocal expected
+        for field in dataclasses.fields(cls):
+            key = f"{prefix}.{field.name}"
+            if field.default_factory is not dataclasses.MISSING and dataclasses.is_dataclass(
+                nested := field.default_factory()
+            ):  # a nested section (network.language_model): its fields have the rows
+                check(type(nested), key)
+                continue
+            expected += 1
+            assert key in rows, f"{key} has no row"
+            assert all(meaning for _, meaning in rows[key]), f"{key} has no meaning"
+
     for section in dataclasses.fields(ExperimentConfig):
         for cls in typing.get_args(hints[section.name]) or (hints[section.name],):
-            for field in dataclasses.fields(cls):
-                key = f"{section.name}.{field.name}"
-                expected += 1
-                assert key in rows, f"{key} has no row"
-                assert all(meaning for _, meaning in rows[key]), f"{key} has no meaning"
+            check(cls, section.name)
+    assert "network.language_model.size" in rows
     assert sum(len(r) for r in rows.values()) == expected

@@ -68,11 +68,14 @@ def test_guess_number_dialogues_are_multi_turn():
     sample = sample_dialogues(config, num_episodes=6, seed=2)
     check_counts(sample, 6)
     assert 1.0 <= sample.mean_response_tokens <= 4.0
-    for transcript, success in zip(sample.transcripts, sample.successes, strict=True):
+    for transcript, success, length in zip(
+        sample.transcripts, sample.successes, sample.lengths, strict=True
+    ):
         assert transcript.startswith("Guess my number (1-8):\nagent: ")
         agent, env = transcript.count("\nagent: "), transcript.count("\nenv: ")
         # A solved episode ends on the agent's guess; an unsolved one runs all 3 turns.
         assert (agent, env) == ((env + 1, env) if success else (3, 3))
+        assert length == agent
     assert sample_dialogues(config, num_episodes=6, seed=2) == sample
 
 

@@ -14,6 +14,7 @@ import yaml
 from agentenv_jax.buffers.segment_queue import on_policy_segment_spec
 from agentenv_jax.config import load_config
 from agentenv_jax.envs.multi_agent.registry import is_multi_agent, make_multi_agent_env
+from agentenv_jax.envs.text.registry import is_text_env, make_text_vector_env
 from agentenv_jax.evaluation import evaluate
 from agentenv_jax.launch import train
 from agentenv_jax.metrics.logger import read_metrics
@@ -299,6 +300,8 @@ def test_every_experiment_runs_with_a_tiny_budget(path, run_dir):
         env = make_multi_agent_env(config.env.id, 1, config.env.kwargs, None)
         limit = env.max_episode_steps
         env.close()
+    elif is_text_env(config.env.id):  # lengths in messages, up to the task's turns
+        limit = make_text_vector_env(config.env.id, 1, config.env.kwargs).max_turns
     else:
         limit = gym.spec(config.env.id).max_episode_steps or math.inf  # Catch: when a ball lands
     assert all(1 <= n <= limit for n in evaluation.lengths)
