@@ -5,6 +5,7 @@ and the start-up errors of text settings."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -193,4 +194,67 @@ def test_bad_text_settings_are_one_start_up_error(experiment, overrides, message
     )
     assert proc.returncode != 0
     assert message in proc.stderr, proc.stderr[-3000:]
+    assert "Traceback" not in proc.stderr
+
+
+def test_init_from_starts_training_from_a_local_checkpoint_of_weights(run_dir, tmp_path):
+    from agentenv_jax.checkpoint import CheckpointStore
+    from agentenv_jax.checkpoint.pretrained import save_language_model
+
+    config = load_config("arithmetic_ppo")
+    kwargs = config.env.kwargs
+    text = BYTE_TOKENIZER.text_spec(kwargs["context_length"], kwargs["response_length"])
+    lm = language_model_for(config.network.language_model, text)
+    import jax
+    import numpy as np
+
+    weights = lm.init(jax.random.PRNGKey(123))  # not the run's own initialization (seed 0)
+    save_language_model(tmp_path / "weights", weights)
+    proc = run_command(
+        agentenv_command(
+            "train",
+            "arithmetic_ppo",
+            *settings(
+                f"run.run_dir={run_dir}",
+                "run.name=warm",
+                "run.progress=false",
+                "run.total_env_steps=256",
+                f"network.language_model.init_from={tmp_path / 'weights'}",
+            ),
+        ),
+        timeout=300,
+        cwd=REPO,
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    store = CheckpointStore(run_dir / "warm", keep=3)
+    state, _ = store.restore_raw()
+    store.close()
+    # The frozen reference is the initial policy: the weights loaded, leaf for leaf.
+    for loaded, saved in zip(
+        jax.tree.leaves(state["ref_params"]), jax.tree.leaves(weights), strict=True
+    ):
+        np.testing.assert_array_equal(loaded, saved)
+
+    # Weights of another shape: one start-up error naming the field and the leaf.
+    small = language_model_for(
+        dataclasses.replace(config.network.language_model, d_model=32, num_heads=2), text
+    )
+    save_language_model(tmp_path / "small", small.init(jax.random.PRNGKey(0)))
+    proc = run_command(
+        agentenv_command(
+            "train",
+            "arithmetic_ppo",
+            *settings(
+                f"run.run_dir={run_dir}",
+                "run.progress=false",
+                f"network.language_model.init_from={tmp_path / 'small'}",
+            ),
+        ),
+        timeout=300,
+        cwd=REPO,
+    )
+    assert proc.returncode != 0
+    assert "network.language_model.init_from = " in proc.stderr, proc.stderr[-3000:]
+    assert "does not fit this model: leaf ['policy']" in proc.stderr, proc.stderr[-3000:]
+    assert "has shape [32], expected [64]" in proc.stderr
     assert "Traceback" not in proc.stderr

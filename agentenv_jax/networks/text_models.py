@@ -45,5 +45,11 @@ def initial_language_model_params(
     if config.init_from is None:
         return lm.init(key)
     from agentenv_jax.checkpoint.pretrained import load_language_model
+    from agentenv_jax.checkpoint.store import CheckpointError
 
-    return load_language_model(config.init_from, lm.param_shapes())
+    try:
+        return load_language_model(config.init_from, lm.param_shapes())
+    except CheckpointError as err:
+        raise CheckpointError(
+            f"network.language_model.init_from = {config.init_from!r}: {err}"
+        ) from None
