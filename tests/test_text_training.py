@@ -180,6 +180,12 @@ def test_central_inference_acts_as_the_env_ranks_own_cnn_policy_would(run_dir):
             ["network.language_model.num_heads=5"],
             "num_heads = 5 must divide d_model = 64",
         ),
+        (
+            "pendulum_sac",
+            ["topology.inference=learner"],
+            "topology.inference = 'learner' is not allowed: expected 'env_ranks' with "
+            "algorithm.name = 'sac'",
+        ),
     ],
 )
 def test_bad_text_settings_are_one_start_up_error(experiment, overrides, message, run_dir):

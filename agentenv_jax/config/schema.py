@@ -455,6 +455,14 @@ class ExperimentConfig:
                 "1 with algorithm.name = 'sac' or env.backend = 'jax' (a model axis shards the "
                 "PPO and IMPALA learners' parameters)",
             )
+        if self.topology.inference == "learner":
+            _require(
+                not isinstance(self.algorithm, SACConfig) and self.env.backend != "jax",
+                "topology.inference",
+                "learner",
+                "'env_ranks' with algorithm.name = 'sac' (its replay actors act with their own "
+                "policy) or env.backend = 'jax' (no env ranks: the learner acts already)",
+            )
         if isinstance(self.algorithm, SACConfig):
             _require(
                 self.network.torso in ("auto", "mlp"),
