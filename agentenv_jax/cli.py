@@ -60,6 +60,13 @@ def _parser() -> argparse.ArgumentParser:
         metavar="DIR",
         help="record each episode as an MP4 in DIR (envs that render rgb_array frames)",
     )
+    evaluate.add_argument(
+        "--dialogues",
+        type=int,
+        default=0,
+        metavar="N",
+        help="text envs: also print the first N episodes' dialogues",
+    )
     plot = commands.add_parser(
         "plot",
         help="draw learning curves (mean and band over seeds of one config) and time breakdowns",
@@ -246,6 +253,8 @@ def main(argv: list[str] | None = None) -> int:
                 args.run_dir, args.episodes, args.checkpoint, not args.sample, args.seed, args.video
             )
             print(result.describe(), flush=True)
+            if args.dialogues and result.dialogues is not None:
+                print(result.dialogues.format(limit=args.dialogues), flush=True)
             return 0
         resume = getattr(args, "resume", None)
         if resume is not None:

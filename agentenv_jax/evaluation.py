@@ -7,8 +7,9 @@ distribution's mode; SAC: `tanh` of the mean) unless asked to sample. Env seeds 
 `EVAL_SEED_BASE`, far from the seeds training uses (`seed * 1_000_003 + env index`).
 With `video_dir`, the env renders `rgb_array` frames and Gymnasium's `RecordVideo` writes one
 MP4 per episode there (`pip install 'agentenv_jax[video]'`: moviepy, and pygame for the
-classic-control envs' rendering). A run with `env.backend: jax` plays its gymnax env instead
-(`jax_evaluation`; no videos).
+classic-control envs' rendering). A text env's episodes are dialogues (`text_dialogues`): the
+evaluation keeps them and their accuracy; deterministic play decodes (nearly) greedily. A run
+with `env.backend: jax` plays its gymnax env instead (`jax_evaluation`; no videos).
 """
 
 from __future__ import annotations
@@ -54,6 +55,8 @@ class Evaluation:
     returns: tuple[float, ...]
     lengths: tuple[int, ...]
     videos: tuple[Path, ...] = ()  # one MP4 per episode, with `video_dir`
+    # Text envs: the episodes' dialogues, successes and accuracy (`text_dialogues`).
+    dialogues: Any = None
 
     @property
     def mean(self) -> float:
@@ -70,6 +73,7 @@ class Evaluation:
             f"({mode})  return {self.mean:.2f} ± {self.std:.2f}  "
             f"length {np.mean(self.lengths):.1f}"
             + (f"\nvideos     {len(self.videos)} in {self.videos[0].parent}" if self.videos else "")
+            + (f"  accuracy {self.dialogues.accuracy:.3f}" if self.dialogues is not None else "")
         )
 
 
@@ -263,7 +267,12 @@ def evaluate(
             temperature=GREEDY_TEMPERATURE if deterministic else 1.0,
         )
         return Evaluation(
-            run_dir, int(step), deterministic, tuple(sample.returns), tuple(sample.lengths)
+            run_dir,
+            int(step),
+            deterministic,
+            tuple(sample.returns),
+            tuple(sample.lengths),
+            dialogues=sample,
         )
     if is_multi_agent(config.env.id):
         if video_dir is not None:
