@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 
 import pytest
 
@@ -240,6 +241,19 @@ def test_init_from_starts_training_from_a_local_checkpoint_of_weights(run_dir, t
         jax.tree.leaves(state["ref_params"]), jax.tree.leaves(weights), strict=True
     ):
         np.testing.assert_array_equal(loaded, saved)
+
+    # Its checkpoint plays: accuracy and dialogues on fresh prompts.
+    proc = run_command(
+        agentenv_command("eval", str(run_dir / "warm"), "--episodes", "4", "--dialogues", "2"),
+        timeout=300,
+        cwd=REPO,
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    lines = proc.stdout.splitlines()
+    assert "4 episodes (deterministic)" in lines[0] and "length 1.0  accuracy " in lines[0]
+    assert lines[1].startswith("4 dialogues on agentenv_jax/Arithmetic-v0: accuracy")
+    assert re.match(r"^1 [✓✗] return ", lines[2]) and re.match(r"^ +\d\+\d=$", lines[3])
+    assert lines[4].lstrip().startswith("agent: ") and lines[-1] == "... and 2 more"
 
     # Weights of another shape: one start-up error naming the field and the leaf.
     small = language_model_for(
