@@ -9,8 +9,10 @@
 # 2. This package, without its dependencies (those the runs need are checked and installed the
 #    same way).
 # 3. benchmarks/learner_throughput.py on the GPU(s): PPO with the CartPole MLP, PPO with a large
-#    policy on a 2-D mesh (model axis = the GPU count), and SAC. Each prints samples/s, time per
-#    update and peak memory per device; RESULTS_DIR/results.jsonl collects them.
+#    policy on a 2-D mesh (model axis = the GPU count), SAC, and the transformer of text envs
+#    (tiny, base ~100 M, large ~1 B; tokens trained and generated per second). Each prints
+#    samples/s, time per update and peak memory per device; RESULTS_DIR/results.jsonl collects
+#    them.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 results=${1:-gpu_check}
@@ -62,5 +64,14 @@ run --algorithm ppo --hidden 8192,8192,8192 --envs 256 --rollout 64 --epochs 2 -
     --mesh "data=1,model=$gpus" --updates 5
 # SAC: a batch of 4096 from the replay, 256-wide networks.
 run --algorithm sac --hidden 256,256 --batch 4096 --updates 200
+# Language models: token-level PPO's update and central inference's KV-cached generation,
+# 128 contexts of 128 tokens answered with 32 each: the tiny model, ~100 M parameters (base)
+# and ~1 B (large) on one GPU, then large with parameters sharded over every GPU.
+for size in tiny base large; do
+    run --algorithm token_ppo --size $size --envs 128 --rollout 2 --context 128 --response 32 \
+        --epochs 1 --minibatches 2 --updates 5 --mesh "data=1,model=1"
+done
+run --algorithm token_ppo --size large --envs 128 --rollout 2 --context 128 --response 32 \
+    --epochs 1 --minibatches 2 --updates 5 --mesh "data=1,model=$gpus"
 rm -f "$results/last.txt"
 echo "== results in $results/results.jsonl"

@@ -11,6 +11,12 @@ each device's peak bytes in use (`memory_stats`); CPUs report none.
     python benchmarks/learner_throughput.py --algorithm ppo --hidden 4096,4096,4096 \\
         --mesh data=1,model=1
     python benchmarks/learner_throughput.py --algorithm sac --batch 4096
+    python benchmarks/learner_throughput.py --algorithm token_ppo --size base --envs 64 \
+        --rollout 4 --context 128 --response 32
+
+token_ppo trains the transformer of `network.language_model.size` on random token ids (an
+Arithmetic env's spaces with `--context`/`--response` lengths) and also times central
+inference's call, KV-cached generation for all `--envs` contexts on the first device.
 
 `benchmarks/gpu_check.sh` runs these on an accelerator.
 """
@@ -41,8 +47,8 @@ def _random_field(rng: np.random.Generator, name: str, shape, dtype, num_actions
         return np.ones(shape, dtype)
     if name in ("terminated", "truncated"):
         return (rng.random(shape) < 0.01).astype(dtype)
-    if name == "action" and np.issubdtype(dtype, np.integer):
-        return rng.integers(0, num_actions, size=shape).astype(dtype)
+    if name in ("action", "obs", "last_obs") and np.issubdtype(dtype, np.integer):
+        return rng.integers(0, min(num_actions, 256), size=shape).astype(dtype)
     if name == "log_prob":
         return np.full(shape, -np.log(max(num_actions, 2)), dtype)
     return rng.normal(size=shape).astype(dtype)
@@ -67,33 +73,24 @@ def _time_updates(step, state, batch, warmup: int, updates: int):
 
 
 def ppo_throughput(config, args) -> dict:
-    from agentenv_jax.algorithms.ppo import TrainState
+    """PPO's (or, on a text env, token-level PPO's) update as the learner builds it
+    (`on_policy_model`: network, optimizer, update, train state), on its mesh."""
     from agentenv_jax.buffers.segment_queue import on_policy_segment_spec
     from agentenv_jax.learner.loop import jit_sharded_update, rollout_shapes
-    from agentenv_jax.learner.on_policy_model import make_on_policy_update
-    from agentenv_jax.networks import action_distribution, actor_critic_for, init_params
+    from agentenv_jax.learner.on_policy_model import on_policy_model
     from agentenv_jax.parallel.mesh import make_mesh, place_on_mesh, row_constraint
     from agentenv_jax.parallel.partitioning import check_model_axis_divides, state_shardings
     from agentenv_jax.roles import learner_devices
 
     spaces = _spaces(config)
-    module, apply_fn = actor_critic_for(config.network, spaces)
     mesh = make_mesh(learner_devices(config), model=config.topology.model_axis)
-    update, optimizer = make_on_policy_update(
-        config,
-        apply_fn,
-        action_distribution(spaces.action_kind, spaces.action_nvec),
-        1000,
-        row_constraint(mesh),
-    )
-    params = init_params(module, spaces.obs_shape, jax.random.PRNGKey(0))
+    model = on_policy_model(config, spaces, 1000, row_constraint(mesh))
+    params = model.init_params(jax.random.PRNGKey(0))
     check_model_axis_divides(params, config.topology.model_axis)
-    state = TrainState(
-        params, optimizer.init(params), np.zeros((), np.int32), jax.random.PRNGKey(1)
-    )
+    state = jax.jit(model.train_state)(params, jax.random.PRNGKey(1))
     shardings = state_shardings(mesh, state)
     state = place_on_mesh(mesh, state, shardings)
-    jitted = jit_sharded_update(update, mesh, shardings)
+    jitted = jit_sharded_update(model.update, mesh, shardings)
     spec = on_policy_segment_spec(
         spaces, config.algorithm.rollout_length, config.env.global_num_envs
     )
@@ -102,12 +99,67 @@ def ppo_throughput(config, args) -> dict:
         name: _random_field(rng, name, s.shape, s.dtype, spaces.action_size)
         for name, s in rollout_shapes([spec]).items()
     }
+    if spaces.text is not None:  # token ids: BOS-led contexts, answers ending in EOS
+        rollout["obs"][..., 0] = spaces.text.bos_id
+        rollout["action"][..., -1] = spaces.text.eos_id
     rollout = jax.device_put(rollout)
     _, seconds = _time_updates(
         lambda st, b: jitted(st, b)[0], state, rollout, args.warmup, args.updates
     )
     rows = config.algorithm.rollout_length * config.env.global_num_envs
-    return _report(config, mesh, params, rows, seconds, args.updates, "ppo")
+    report = _report(config, mesh, params, rows, seconds, args.updates, "ppo")
+    if spaces.text is not None:
+        tokens = rows * spaces.text.response_length
+        report |= {
+            "algorithm": "token_ppo",
+            "language_model": config.network.language_model.size,
+            "context_length": spaces.text.context_length,
+            "response_length": spaces.text.response_length,
+            "tokens_trained_per_s": tokens * args.updates / seconds,
+            **_generation_throughput(config, spaces, params, args),
+        }
+    return report
+
+
+def _generation_throughput(config, spaces, params, args) -> dict:
+    """Tokens/s of central inference's call: KV-cached generation for every env at once
+    (`global_num_envs` contexts) on the first device, as the server runs it."""
+    import functools
+
+    from agentenv_jax.networks.generation import generate
+    from agentenv_jax.networks.text_models import language_model_for
+
+    text = spaces.text
+    lm = language_model_for(config.network.language_model, text)
+    device = jax.local_devices()[0]
+    params = jax.device_put(params, device)
+    batch = config.env.global_num_envs
+    context = np.random.default_rng(1).integers(0, 256, (batch, text.context_length), np.int32)
+    context[:, 0] = text.bos_id
+    context = jax.device_put(context, device)
+    call = jax.jit(
+        functools.partial(
+            generate,
+            lm,
+            response_length=text.response_length,
+            pad_id=text.pad_id,
+            eos_id=text.eos_id,
+        )
+    )
+    keys = [jax.random.PRNGKey(i) for i in range(args.warmup + args.updates)]
+    for key in keys[: args.warmup]:
+        jax.block_until_ready(call(params, context, key))
+    started = time.perf_counter()
+    for key in keys[args.warmup :]:
+        out = call(params, context, key)
+    jax.block_until_ready(out)
+    seconds = time.perf_counter() - started
+    # Every row generates all M tokens' worth of compute (rows past their EOS are padding).
+    return {
+        "generation_batch": batch,
+        "generated_tokens_per_s": batch * text.response_length * args.updates / seconds,
+        "generation_ms": 1000 * seconds / args.updates,
+    }
 
 
 def sac_throughput(config, args) -> dict:
@@ -165,7 +217,10 @@ def _report(config, mesh, params, rows: int, seconds: float, updates: int, name:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--algorithm", choices=("ppo", "sac"), default="ppo")
+    parser.add_argument("--algorithm", choices=("ppo", "token_ppo", "sac"), default="ppo")
+    parser.add_argument("--size", default="tiny", help="token_ppo: network.language_model.size")
+    parser.add_argument("--context", type=int, default=64, help="token_ppo: context tokens")
+    parser.add_argument("--response", type=int, default=16, help="token_ppo: response tokens")
     parser.add_argument("--hidden", default="64,64", help="actor and critic widths")
     parser.add_argument("--envs", type=int, default=64, help="PPO: global envs")
     parser.add_argument("--rollout", type=int, default=32, help="PPO: rollout length")
@@ -180,6 +235,7 @@ def main() -> None:
     hidden = f"[{args.hidden}]"
     mesh = "{" + ", ".join(p.replace("=", ": ") for p in args.mesh.split(",") if p) + "}"
     common = [f"network.actor_hidden={hidden}", f"network.critic_hidden={hidden}"]
+    # (token_ppo takes common[2:]: the mesh, not the MLP widths)
     if args.mesh:
         common.append(f"topology.mesh={mesh}")
     if args.algorithm == "ppo":
@@ -192,6 +248,21 @@ def main() -> None:
                 f"algorithm.num_epochs={args.epochs}",
                 f"algorithm.num_minibatches={args.minibatches}",
                 *common,
+            ],
+        )
+        result = ppo_throughput(config, args)
+    elif args.algorithm == "token_ppo":
+        config = load_config(
+            None,
+            [
+                "env.id=agentenv_jax/Arithmetic-v0",
+                f"env.kwargs={{context_length: {args.context}, response_length: {args.response}}}",
+                f"env.global_num_envs={args.envs}",
+                f"algorithm.rollout_length={args.rollout}",
+                f"algorithm.num_epochs={args.epochs}",
+                f"algorithm.num_minibatches={args.minibatches}",
+                f"network.language_model.size={args.size}",
+                *common[2:],
             ],
         )
         result = ppo_throughput(config, args)
@@ -209,11 +280,22 @@ def main() -> None:
         result = sac_throughput(config, args)
     print("RESULT " + json.dumps(result), flush=True)
     memory = result["peak_memory_mib_per_device"]
+    memory_text = "n/a" if memory is None else f"{max(memory):,.0f} MiB"
+    if "tokens_trained_per_s" in result:
+        print(
+            f"token_ppo {result['language_model']} ({result['parameters']:,} params), mesh "
+            f"{result['mesh']}: {result['tokens_trained_per_s']:,.0f} tokens trained/s "
+            f"({result['update_ms']:.1f} ms per update of {result['rows_per_update']} messages), "
+            f"{result['generated_tokens_per_s']:,.0f} tokens generated/s (batch "
+            f"{result['generation_batch']}, {result['generation_ms']:.1f} ms per call), "
+            f"peak memory per device {memory_text}"
+        )
+        return
     print(
         f"{result['algorithm']} hidden {result['hidden']} ({result['parameters']:,} params), "
         f"mesh {result['mesh']}: {result['samples_per_s']:,.0f} samples/s, "
         f"{result['update_ms']:.2f} ms per update of {result['rows_per_update']} rows, "
-        f"peak memory per device {'n/a' if memory is None else f'{max(memory):,.0f} MiB'}"
+        f"peak memory per device {memory_text}"
     )
 
 
