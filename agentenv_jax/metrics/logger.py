@@ -179,6 +179,13 @@ class ProgressLine:
             f"{record['steps_per_s']:>9,.0f} steps/s | return {ret_text} | "
             f"lag {record['policy_lag_mean']:.2f} | eta {eta}"
         )
+        accuracy = record.get("accuracy")
+        if accuracy is not None:  # text envs: what LLM-RL users watch
+            accuracy_text = f"{accuracy:.2f}" if math.isfinite(accuracy) else "n/a"
+            text += (
+                f" | accuracy {accuracy_text} | "
+                f"{record.get('tokens_generated_per_s', 0.0):,.0f} tokens/s"
+            )
         if self._tty:
             self._stream.write("\r" + text)
         else:
