@@ -75,10 +75,12 @@ def on_policy_segment_spec(
 
 def segment_counts(fields: dict[str, np.ndarray]) -> tuple[int, int, int]:
     """What a segment holds, for the accounting: its valid transitions, the tokens they
-    generated (text envs; else 0) and the episodes that ended in it."""
+    generated (text envs; else 0) and the episodes that ended in it (layouts without episode
+    fields, such as the transport's test streams, hold none)."""
     valid = fields["valid"].astype(bool)
     tokens = int(fields["response_tokens"][valid].sum()) if "response_tokens" in fields else 0
-    episodes = int(np.count_nonzero(np.isfinite(fields["episode_return"])))
+    returns = fields.get("episode_return")
+    episodes = 0 if returns is None else int(np.count_nonzero(np.isfinite(returns)))
     return int(valid.sum()), tokens, episodes
 
 
