@@ -13,6 +13,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from agentenv_jax.config.schema import ExperimentConfig
+from agentenv_jax.policies import (
+    actor_critic_network,
+    build_actor_policy,
+    build_central_policy,
+    central_noise_sources,
+    inference_specs,
+)
 from agentenv_jax.transport.topology import Topology
 
 if TYPE_CHECKING:  # like the other heavy imports here, only where used
@@ -166,123 +173,6 @@ def learner_devices(config: ExperimentConfig, processes: int = 1) -> int:
     return choose_num_devices(config.topology.learner_devices, available, batch_sizes, processes)
 
 
-def uses_numpy_inference(config: ExperimentConfig, spaces: EnvSpaces, layout: Any) -> bool:
-    """Whether env ranks run the policy in numpy (`topology.env_rank_inference`): asked for, or
-    `auto` with an MLP torso small enough that numpy beats a jitted call. `EnvError` for numpy
-    with a CNN torso."""
-    import numpy as np
-
-    from agentenv_jax.envs.factory import EnvError
-    from agentenv_jax.networks.numpy_policy import NUMPY_MAX_MACS_PER_ROW, mlp_macs_per_row
-    from agentenv_jax.networks.torsos import resolve_torso
-
-    choice = config.topology.env_rank_inference
-    mlp = resolve_torso(config.network.torso, spaces.is_image) == "mlp"
-    if choice == "numpy" and not mlp:
-        raise EnvError(
-            "topology.env_rank_inference = 'numpy' is not allowed with a CNN torso "
-            f"(network.torso = {config.network.torso!r}): expected 'jit' or 'auto'"
-        )
-    grouped = config.network.policies == "per_group" and len(spaces.group_names) > 1
-    if choice == "numpy" and (grouped or spaces.agent_action_counts):
-        raise EnvError(
-            "topology.env_rank_inference = 'numpy' is not allowed with network.policies = "
-            "'per_group' (one network per agent group) or agents with different action counts: "
-            "expected 'jit' or 'auto'"
-        )
-    if grouped or spaces.agent_action_counts:
-        return False
-    if choice != "auto":
-        return choice == "numpy"
-    if not mlp:
-        return False
-    params = layout.unravel(np.zeros(layout.num_params, np.float32))
-    return mlp_macs_per_row(params) <= NUMPY_MAX_MACS_PER_ROW
-
-
-def build_actor_policy(config, topology, spaces, network=None):
-    """The actor-critic policy an env rank acts with (jitted, or numpy for small MLPs);
-    `network` is `actor_critic_network(config, spaces)` when the caller already has it
-    (tracing the parameter layout costs tens of ms)."""
-    from agentenv_jax.actor.policy import ActorPolicy, NumpyActorPolicy
-    from agentenv_jax.networks import action_distribution
-
-    module, apply_fn, layout = network or actor_critic_network(config, spaces)
-    index = topology.env_rank_index
-    if spaces.text is not None:
-        from agentenv_jax.actor.text_policy import TextPolicy
-
-        return TextPolicy(
-            module,
-            layout.unravel,
-            spaces.text,
-            config.run.seed,
-            topology.env_offsets[index],
-            topology.local_num_envs[index],
-        )
-    # Sampling noise is seeded by (seed, global env offset): independent across env ranks.
-    seed_sequence = [config.run.seed, topology.env_offsets[index]]
-    if uses_numpy_inference(config, spaces, layout):
-        return NumpyActorPolicy(
-            layout.unravel,
-            spaces.action_kind,
-            tuple(spaces.action_nvec),
-            spaces.action_size,
-            spaces.action_shape,
-            seed_sequence,
-            len(spaces.obs_shape),
-            config.network.activation,
-            spaces.is_image,
-        )
-    return ActorPolicy(
-        apply_fn,
-        layout.unravel,
-        action_distribution(spaces.action_kind, spaces.action_nvec),
-        spaces.action_size,
-        spaces.action_shape,
-        seed_sequence,
-    )
-
-
-def build_central_policy(config, spaces, network, device):
-    """The policy a learner acts with for its env ranks under central inference
-    (`topology.inference: learner`): the env ranks' jitted policy, on the learner's `device`
-    (numpy inference is for env ranks' CPUs)."""
-    from agentenv_jax.actor.policy import ActorPolicy
-    from agentenv_jax.actor.text_policy import TextPolicy
-    from agentenv_jax.networks import action_distribution
-
-    module, apply_fn, layout = network
-    if spaces.text is not None:
-        return TextPolicy(module, layout.unravel, spaces.text, config.run.seed, 0, 0, device)
-    return ActorPolicy(
-        apply_fn,
-        layout.unravel,
-        action_distribution(spaces.action_kind, spaces.action_nvec),
-        spaces.action_size,
-        spaces.action_shape,
-        None,  # no stream of its own: every row's noise is its env rank's stream
-        device,
-    )
-
-
-def central_noise_sources(config, topology, spaces, policy, env_indices):
-    """Per env rank of `env_indices`, the noise its own policy would draw, for the learner's
-    server: the same streams as env-rank inference."""
-    if spaces.text is not None:
-        return [
-            policy.noise_source(topology.env_offsets[i], topology.local_num_envs[i] * spaces.agents)
-            for i in env_indices
-        ]
-    return [
-        (lambda draw, n: lambda: draw(n))(
-            policy.noise_source([config.run.seed, topology.env_offsets[i]]),
-            topology.local_num_envs[i] * spaces.agents,
-        )
-        for i in env_indices
-    ]
-
-
 def build_actor(
     config,
     topology,
@@ -326,24 +216,6 @@ def build_actor(
     )
 
 
-def actor_critic_network(config: ExperimentConfig, spaces):
-    """The actor-critic module, its apply function and the layout of its flat parameters (on a
-    text env: the `LanguageModel`, its `apply`, and its layout)."""
-    from agentenv_jax.networks.flat_params import FlatLayout
-
-    if spaces.text is not None:
-        from agentenv_jax.networks.text_models import language_model_for
-
-        lm = language_model_for(config.network.language_model, spaces.text)
-        return lm, lm.apply, FlatLayout(lm.param_shapes())
-    from agentenv_jax.networks import actor_critic_for
-    from agentenv_jax.networks.actor_critic import actor_critic_param_shapes
-
-    module, apply_fn = actor_critic_for(config.network, spaces)
-    layout = FlatLayout(actor_critic_param_shapes(module, spaces.obs_shape))
-    return module, apply_fn, layout
-
-
 @dataclasses.dataclass
 class RolePlan:
     """How an experiment's two roles are built and joined: the on-policy family (PPO, IMPALA:
@@ -358,23 +230,6 @@ class RolePlan:
     make_inprocess: Callable[[], Any]  # -> transport with .actor and .learner ends
     make_mpi_actor_channel: Callable[[Any], Any]  # (MPIWorld) -> channel
     make_mpi_learner_channel: Callable[[Any], Any]  # (MPIWorld) -> channel
-
-
-def inference_specs(spaces, topology: Topology) -> list[tuple[Any, Any]]:
-    """Each env rank's central-inference (request, reply) layouts."""
-    import numpy as np
-
-    from agentenv_jax.transport.messages import inference_reply_spec, inference_request_spec
-
-    action_dtype = np.dtype(np.float32 if spaces.action_kind == "continuous" else np.int32)
-    per_token = () if spaces.text is None else (spaces.text.response_length,)
-    return [
-        (
-            inference_request_spec(spaces.obs_shape, spaces.obs_dtype, n * spaces.agents),
-            inference_reply_spec(spaces.action_shape, action_dtype, per_token, n * spaces.agents),
-        )
-        for n in topology.local_num_envs
-    ]
 
 
 def on_policy_plan(config: ExperimentConfig, topology: Topology, spaces) -> RolePlan:
@@ -400,7 +255,6 @@ def on_policy_plan(config: ExperimentConfig, topology: Topology, spaces) -> Role
     learner = topology.learner_index if topology.is_learner else 0
 
     def mpi_actor_channel(world):
-        from agentenv_jax.roles import env_rank_timeout_s
         from agentenv_jax.transport.mpi import MPIActorChannel
 
         learner_rank = topology.learner_of(topology.env_rank_index)

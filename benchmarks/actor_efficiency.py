@@ -138,7 +138,8 @@ def make_setup(config_path: Path, vectorization: str, num_envs: int) -> EnvRankS
     from agentenv_jax.config.loading import load_config
     from agentenv_jax.envs import normalization as norm
     from agentenv_jax.networks import init_params
-    from agentenv_jax.roles import actor_critic_network, prepare_env_rank
+    from agentenv_jax.policies import actor_critic_network
+    from agentenv_jax.roles import prepare_env_rank
     from agentenv_jax.transport.messages import param_message_spec
     from agentenv_jax.transport.topology import make_topology
 
@@ -173,7 +174,7 @@ class PlainLoop:
 
     def __init__(self, setup: EnvRankSetup):
         from agentenv_jax.envs.factory import make_vector_env
-        from agentenv_jax.roles import build_actor_policy
+        from agentenv_jax.policies import build_actor_policy
 
         config, spaces, topology = setup.config, setup.spaces, setup.topology
         self._policy = build_actor_policy(config, topology, spaces)  # as the actor's own

@@ -18,7 +18,8 @@ from agentenv_jax.envs.text.registry import is_text_env, make_text_vector_env
 from agentenv_jax.evaluation import evaluate
 from agentenv_jax.launch import train
 from agentenv_jax.metrics.logger import read_metrics
-from agentenv_jax.roles import build_actor_policy, plan_for, prepare_env_rank
+from agentenv_jax.policies import build_actor_policy
+from agentenv_jax.roles import plan_for, prepare_env_rank
 from agentenv_jax.transport.topology import make_topology
 
 from conftest import EXPERIMENTS, REPO, agentenv_command, mpiexec_path, run_command
