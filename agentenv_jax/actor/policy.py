@@ -61,10 +61,7 @@ class ActorPolicy:
         return 0 if self._params is None else int(self._params.size)
 
     def set_params(self, flat_params: np.ndarray | jax.Array) -> None:
-        if isinstance(flat_params, jax.Array):
-            self._params = flat_params  # already on the devices that act (central inference)
-        else:
-            self._params = jax.device_put(np.array(flat_params), self._device)
+        self._params = flat_params_on(self._device, flat_params)
 
     def noise_source(self, seed_sequence: list[int]) -> Callable[[int], np.ndarray]:
         """`draw(num) -> [num, action_size]` noise from a generator seeded `seed_sequence`: an
@@ -90,6 +87,14 @@ class ActorPolicy:
     def value(self, obs: np.ndarray) -> np.ndarray:
         """`obs [N, ...]` -> `V(obs) [N]`."""
         return np.asarray(self._value(self._params, obs))
+
+
+def flat_params_on(device: jax.Device, flat_params: np.ndarray | jax.Array) -> jax.Array:
+    """The flat parameter vector to act with: a copy on `device` of a host message (whose
+    buffer the next version reuses), or a device array as it is (central inference)."""
+    if isinstance(flat_params, jax.Array):
+        return flat_params
+    return jax.device_put(np.array(flat_params), device)
 
 
 def sampling_noise(rng: np.random.Generator, kind: str, num: int, action_size: int) -> np.ndarray:

@@ -15,6 +15,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from agentenv_jax.actor.policy import flat_params_on
 from agentenv_jax.envs.spaces import TextSpec
 from agentenv_jax.networks.generation import generate
 from agentenv_jax.networks.language_model import LanguageModel
@@ -87,10 +88,7 @@ class TextPolicy:
         return 0 if self._params is None else int(self._params.size)
 
     def set_params(self, flat_params: np.ndarray | jax.Array) -> None:
-        if isinstance(flat_params, jax.Array):
-            self._params = flat_params  # already on the devices that act (central inference)
-        else:
-            self._params = jax.device_put(np.array(flat_params), self._device)
+        self._params = flat_params_on(self._device, flat_params)
 
     def act_with(
         self, obs: np.ndarray, noise: np.ndarray

@@ -163,6 +163,47 @@ def make_ppo_loss(
     return loss_fn
 
 
+def minibatch_epochs(
+    grad_fn: Callable[[Params, Batch, jax.Array], tuple[Any, dict[str, jax.Array]]],
+    optimizer: optax.GradientTransformation,
+    carry: tuple[Params, optax.OptState],
+    flat: Batch,
+    key: jax.Array,
+    num_epochs: int,
+    num_minibatches: int,
+    clip_eps: jax.Array,
+    constrain_rows: Callable[[jax.Array], jax.Array],
+) -> tuple[Params, optax.OptState, dict[str, jax.Array]]:
+    """`num_epochs` passes over the rows of `flat` (arrays `[N, ...]`), each in
+    `num_minibatches` shuffled minibatches, one gradient step each: `grad_fn(params, mb,
+    clip_eps) -> (grads, metrics)`. Returns the parameters, optimizer state and every step's
+    metrics (with `grad_norm`), stacked `[num_epochs, num_minibatches]`. PPO's and token-level
+    PPO's updates share it; `constrain_rows` pins each minibatch's rows to the mesh."""
+    num_rows = next(iter(flat.values())).shape[0]
+    minibatch_size = num_rows // num_minibatches
+
+    def epoch(carry, key):
+        order = jax.random.permutation(key, num_rows)[: minibatch_size * num_minibatches]
+        minibatches = {
+            k: v[order].reshape((num_minibatches, minibatch_size) + v.shape[1:])
+            for k, v in flat.items()
+        }
+
+        def step(carry, mb):
+            params, opt_state = carry
+            mb = {k: constrain_rows(v) for k, v in mb.items()}
+            grads, metrics = grad_fn(params, mb, clip_eps)
+            updates, opt_state = optimizer.update(grads, opt_state, params)
+            params = optax.apply_updates(params, updates)
+            metrics["grad_norm"] = optax.tree.norm(grads)
+            return (params, opt_state), metrics
+
+        return jax.lax.scan(step, carry, minibatches)
+
+    (params, opt_state), metrics = jax.lax.scan(epoch, carry, jax.random.split(key, num_epochs))
+    return params, opt_state, metrics
+
+
 def make_ppo_update(
     apply_fn: Callable[[Params, jax.Array], tuple[jax.Array, jax.Array]],
     distribution: ActionDistribution,
@@ -212,33 +253,19 @@ def make_ppo_update(
         }
         num_rows = rollout["reward"].shape[0] * rollout["reward"].shape[1]
         flat = {k: constrain_rows(v.reshape((num_rows,) + v.shape[2:])) for k, v in flat.items()}
-        minibatch_size = num_rows // hp.num_minibatches
-
         progress = state.update_count.astype(jnp.float32) / hp.num_updates
         clip_eps = hp.clip_eps * (1.0 - progress) if hp.anneal_clip else jnp.float32(hp.clip_eps)
-
-        def epoch(carry, key):
-            params, opt_state = carry
-            order = jax.random.permutation(key, num_rows)[: minibatch_size * hp.num_minibatches]
-            minibatches = {
-                k: v[order].reshape((hp.num_minibatches, minibatch_size) + v.shape[1:])
-                for k, v in flat.items()
-            }
-
-            def step(carry, mb):
-                params, opt_state = carry
-                mb = {k: constrain_rows(v) for k, v in mb.items()}
-                grads, metrics = grad_fn(params, mb, clip_eps)
-                updates, opt_state = optimizer.update(grads, opt_state, params)
-                params = optax.apply_updates(params, updates)
-                metrics["grad_norm"] = optax.tree.norm(grads)
-                return (params, opt_state), metrics
-
-            return jax.lax.scan(step, (params, opt_state), minibatches)
-
         key, epoch_key = jax.random.split(state.key)
-        (params, opt_state), metrics = jax.lax.scan(
-            epoch, (state.params, state.opt_state), jax.random.split(epoch_key, hp.num_epochs)
+        params, opt_state, metrics = minibatch_epochs(
+            grad_fn,
+            optimizer,
+            (state.params, state.opt_state),
+            flat,
+            epoch_key,
+            hp.num_epochs,
+            hp.num_minibatches,
+            clip_eps,
+            constrain_rows,
         )
         metrics = jax.tree.map(jnp.mean, metrics)
         valid = flat["valid"]

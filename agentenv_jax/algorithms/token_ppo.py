@@ -28,6 +28,7 @@ from agentenv_jax.algorithms.ppo import (
     approx_kl,
     clipped_surrogate_loss,
     masked_mean,
+    minibatch_epochs,
     standardize,
     value_loss,
 )
@@ -260,30 +261,17 @@ def make_token_ppo_update(
             "return": rows(returns),
             "mask": rows(mask),
         }
-        minibatch_size = num_rows // hp.num_minibatches
-        clip_eps = jnp.float32(hp.clip_eps)
-
-        def epoch(carry, key):
-            order = jax.random.permutation(key, num_rows)[: minibatch_size * hp.num_minibatches]
-            minibatches = {
-                k: v[order].reshape((hp.num_minibatches, minibatch_size) + v.shape[1:])
-                for k, v in flat.items()
-            }
-
-            def step(carry, mb):
-                params, opt_state = carry
-                mb = {k: constrain_rows(v) for k, v in mb.items()}
-                grads, metrics = grad_fn(params, mb, clip_eps)
-                updates, opt_state = optimizer.update(grads, opt_state, params)
-                params = optax.apply_updates(params, updates)
-                metrics["grad_norm"] = optax.tree.norm(grads)
-                return (params, opt_state), metrics
-
-            return jax.lax.scan(step, carry, minibatches)
-
         key, epoch_key = jax.random.split(state.key)
-        (params, opt_state), metrics = jax.lax.scan(
-            epoch, (state.params, state.opt_state), jax.random.split(epoch_key, hp.num_epochs)
+        params, opt_state, metrics = minibatch_epochs(
+            grad_fn,
+            optimizer,
+            (state.params, state.opt_state),
+            flat,
+            epoch_key,
+            hp.num_epochs,
+            hp.num_minibatches,
+            jnp.float32(hp.clip_eps),
+            constrain_rows,
         )
         metrics = jax.tree.map(jnp.mean, metrics)
         tokens = jnp.sum(mask)
