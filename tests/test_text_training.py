@@ -19,8 +19,9 @@ from agentenv_jax.networks.text_models import language_model_for
 from conftest import REPO, agentenv_command, mpiexec_path, run_command, settings
 
 # Measured on seed 0 as shipped (`experiments/arithmetic_ppo.yaml`, 100 updates of 256
-# answers, `mpiexec -n 3`): the untrained model's first 256 answers are 0.0 accurate (it
-# emits random bytes), the trained one's last 256 0.52 (0.55-0.71 across settings tried).
+# answers, `mpiexec -n 3`, the same run as in one process): the untrained model's first 256
+# answers are 0.0 accurate (it emits random bytes), the trained one's last 256 0.45 (seeds 1
+# and 2 in one process: 0.51 and 0.34).
 UNTRAINED_ACCURACY = 0.0
 TRAINED_ACCURACY_THRESHOLD = 0.3
 
@@ -74,7 +75,10 @@ def test_mpiexec_token_ppo_raises_arithmetic_accuracy_above_the_untrained_model(
     last = records[-1]
     assert 1.0 <= last["response_length_mean"] <= 2.0  # a digit and EOS, at most
     assert last["kl_to_reference"] > 0.1  # the policy moved away from the initial one
-    assert last["tokens_generated_per_s"] > 0 and last["tokens_trained_per_s"] > 0
+    # Rates are wall-clock quantities: in timings.jsonl, which metrics.jsonl stays free of.
+    assert "tokens_generated_per_s" not in last
+    timing = [json.loads(line) for line in (run / "timings.jsonl").read_text().splitlines()][-1]
+    assert timing["tokens_generated_per_s"] > 0 and timing["tokens_trained_per_s"] > 0
     assert last["value_error"] >= 0
     # Env-rank inference: each env rank held the whole model.
     config = load_config(run / "config.yaml")

@@ -22,11 +22,12 @@ def _jsonable(value: Any) -> Any:
 
 
 def is_timing(key: str) -> bool:
-    """Wall-clock quantities: they differ between otherwise identical runs."""
-    return key.startswith("time/") or key in (
-        "wall_s",
-        "steps_per_s",
-        "steps_per_s_after_first_update",
+    """Wall-clock quantities: they differ between otherwise identical runs (every rate, such
+    as `steps_per_s` or a text run's `tokens_generated_per_s`, is one)."""
+    return (
+        key.startswith("time/")
+        or key.endswith("_per_s")
+        or key in ("wall_s", "steps_per_s_after_first_update")
     )
 
 

@@ -7,7 +7,7 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 
-from agentenv_jax.networks.language_model import LanguageModel
+from agentenv_jax.networks.language_model import LanguageModel, policy_logits
 
 
 class Generation(NamedTuple):
@@ -58,6 +58,7 @@ def generate(
 
     def emit(step: jax.Array, logits: jax.Array, value: jax.Array, done: jax.Array) -> tuple:
         """Sample token `step` from `logits` `[B, V]`: `(token, log_prob, value, alive)`."""
+        logits = policy_logits(logits, pad_id)
         sampled = jax.random.categorical(
             jax.random.fold_in(key, step), logits / temperature, axis=-1
         ).astype(jnp.int32)

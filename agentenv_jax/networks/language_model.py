@@ -246,6 +246,12 @@ def count_params(params: Any) -> int:
     return int(sum(math.prod(leaf.shape) for leaf in jax.tree_util.tree_leaves(params)))
 
 
+def policy_logits(logits: jax.Array, pad_id: int) -> jax.Array:
+    """The policy's logits `[..., V]`: `pad_id` is never generated (a PAD inside a dialogue
+    would read as padding in the next context), so its logit is masked out."""
+    return logits.at[..., pad_id].set(_MASKED_SCORE)
+
+
 def response_mask(response: jax.Array, eos_id: int) -> jax.Array:
     """`[B, M]` float32: 1 for the tokens of `response` `[B, M]` up to and including its first
     `eos_id` (every token if it has none), 0 after."""
@@ -477,7 +483,7 @@ def make_language_model(spec: LanguageModelSpec) -> LanguageModel:
         )
         logits, values = apply(params, tokens, token_mask)
         before = slice(context_length - 1, context_length + response_length - 1)
-        log_policy = jax.nn.log_softmax(logits[:, before], axis=-1)
+        log_policy = jax.nn.log_softmax(policy_logits(logits[:, before], pad_id), axis=-1)
         log_probs = jnp.take_along_axis(log_policy, response[..., None], axis=-1)[..., 0]
         entropy = -jnp.sum(jnp.exp(log_policy) * log_policy, axis=-1)
         real = mask > 0

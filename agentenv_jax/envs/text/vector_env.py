@@ -22,7 +22,8 @@ class TextVectorEnv(gym.vector.VectorEnv):
     Observation of env i, `int32 [L]` (`L = context_length`): its dialogue so far,
     `BOS + prompt`, then per turn `message + EOS + reply`, left-padded with PAD so the newest
     token is at index `L - 1`; a dialogue longer than `L` keeps its newest `L` tokens. The
-    message is the re-encoded decoded text, what the task was shown. A prompt that does not
+    message is kept as the tokens generated (up to its EOS), while the task is shown their
+    decoded text. A prompt that does not
     fit in `L - 1` tokens is an `EnvError` (so a single-turn task never loses its question).
 
     Action of env i, `int32 [M]` (`M = response_length`): one message, read up to its first
@@ -139,11 +140,15 @@ class TextVectorEnv(gym.vector.VectorEnv):
             rewards[i] = reply.reward
             self._returns[i] += reply.reward
             self._turns[i].append((message, reply.text))
+            # The message's tokens as generated (EOS included), not its re-encoded text: the
+            # next context holds exactly what the policy wrote. A message without EOS gets one
+            # as the separator before the reply.
+            generated = actions[i][: response_tokens[i]]
             self._tokens[i] = np.concatenate(
                 [
                     self._tokens[i],
-                    self.tokenizer.encode(message),
-                    [eos],
+                    generated,
+                    [] if at_eos.size else [eos],
                     self.tokenizer.encode(reply.text or ""),
                 ]
             ).astype(np.int32)
