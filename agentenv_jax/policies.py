@@ -52,10 +52,10 @@ def build_actor_policy(config, topology, spaces, network=None):
     """The actor-critic policy an env rank acts with (jitted, or numpy for small MLPs);
     `network` is `actor_critic_network(config, spaces)` when the caller already has it
     (tracing the parameter layout costs tens of ms)."""
-    from agentenv_jax.actor.policy import ActorPolicy, NumpyActorPolicy
-    from agentenv_jax.networks import action_distribution
+    from agentenv_jax.actor.policy import NumpyActorPolicy
 
-    module, apply_fn, layout = network or actor_critic_network(config, spaces)
+    network = network or actor_critic_network(config, spaces)
+    module, _, layout = network
     index = topology.env_rank_index
     if spaces.text is not None:
         from agentenv_jax.actor.text_policy import TextPolicy
@@ -82,6 +82,17 @@ def build_actor_policy(config, topology, spaces, network=None):
             config.network.activation,
             spaces.is_image,
         )
+    return jitted_policy(spaces, network, seed_sequence)
+
+
+def jitted_policy(spaces, network, seed_sequence, device=None):
+    """The jitted `ActorPolicy` of an MLP or CNN actor-critic, drawing its noise from
+    `seed_sequence`'s stream (None: every call brings its rows' noise), on `device` (the env
+    rank's CPU by default)."""
+    from agentenv_jax.actor.policy import ActorPolicy
+    from agentenv_jax.networks import action_distribution
+
+    _, apply_fn, layout = network
     return ActorPolicy(
         apply_fn,
         layout.unravel,
@@ -89,6 +100,7 @@ def build_actor_policy(config, topology, spaces, network=None):
         spaces.action_size,
         spaces.action_shape,
         seed_sequence,
+        device,
     )
 
 
@@ -96,22 +108,13 @@ def build_central_policy(config, spaces, network, device):
     """The policy a learner acts with for its env ranks under central inference
     (`topology.inference: learner`): the env ranks' jitted policy, on the learner's `device`
     (numpy inference is for env ranks' CPUs)."""
-    from agentenv_jax.actor.policy import ActorPolicy
     from agentenv_jax.actor.text_policy import TextPolicy
-    from agentenv_jax.networks import action_distribution
 
-    module, apply_fn, layout = network
+    module, _, layout = network
     if spaces.text is not None:
         return TextPolicy(module, layout.unravel, spaces.text, config.run.seed, 0, 0, device)
-    return ActorPolicy(
-        apply_fn,
-        layout.unravel,
-        action_distribution(spaces.action_kind, spaces.action_nvec),
-        spaces.action_size,
-        spaces.action_shape,
-        None,  # no stream of its own: every row's noise is its env rank's stream
-        device,
-    )
+    # No stream of its own: every row's noise is its env rank's stream.
+    return jitted_policy(spaces, network, None, device)
 
 
 def central_noise_sources(config, topology, spaces, policy, env_indices):
