@@ -5,6 +5,7 @@ inference's message layouts."""
 
 from __future__ import annotations
 
+import functools
 from typing import TYPE_CHECKING, Any
 
 from agentenv_jax.config.schema import ExperimentConfig
@@ -126,7 +127,7 @@ def central_noise_sources(config, topology, spaces, policy, env_indices):
             for i in env_indices
         ]
     return [
-        (lambda draw, n: lambda: draw(n))(
+        functools.partial(
             policy.noise_source([config.run.seed, topology.env_offsets[i]]),
             topology.local_num_envs[i] * spaces.agents,
         )
@@ -154,16 +155,16 @@ def actor_critic_network(config: ExperimentConfig, spaces):
 
 def inference_specs(spaces, topology: Topology) -> list[tuple[Any, Any]]:
     """Each env rank's central-inference (request, reply) layouts."""
-    import numpy as np
 
     from agentenv_jax.transport.messages import inference_reply_spec, inference_request_spec
 
-    action_dtype = np.dtype(np.float32 if spaces.action_kind == "continuous" else np.int32)
     per_token = () if spaces.text is None else (spaces.text.response_length,)
     return [
         (
             inference_request_spec(spaces.obs_shape, spaces.obs_dtype, n * spaces.agents),
-            inference_reply_spec(spaces.action_shape, action_dtype, per_token, n * spaces.agents),
+            inference_reply_spec(
+                spaces.action_shape, spaces.action_dtype, per_token, n * spaces.agents
+            ),
         )
         for n in topology.local_num_envs
     ]

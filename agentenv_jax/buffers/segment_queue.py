@@ -37,7 +37,6 @@ def on_policy_segment_spec(
     `episode_success [T, E]` (1/0 where an episode ended, NaN elsewhere).
     """
     t, e = rollout_length, local_num_envs
-    action_dtype = np.float32 if spaces.action_kind == "continuous" else np.int32
     obs_dtype = np.dtype(spaces.obs_dtype)
     d = spaces.normalizer_dim
     per_token = () if spaces.text is None else (spaces.text.response_length,)
@@ -50,7 +49,7 @@ def on_policy_segment_spec(
     return MessageSpec(
         [
             FieldSpec("obs", (t, e, *spaces.obs_shape), obs_dtype),
-            FieldSpec("action", (t, e, *spaces.action_shape), action_dtype),
+            FieldSpec("action", (t, e, *spaces.action_shape), spaces.action_dtype),
             FieldSpec("reward", (t, e), np.float32),
             FieldSpec("log_prob", (t, e, *per_token), np.float32),
             FieldSpec("value", (t, e, *per_token), np.float32),

@@ -93,6 +93,11 @@ class EnvSpaces:
         return int(np.prod(self.obs_shape, dtype=np.int64))
 
     @property
+    def action_dtype(self) -> np.dtype:
+        """How actions travel: float32 for Box actions, int32 indices (or token ids) else."""
+        return np.dtype(np.float32 if self.action_kind == "continuous" else np.int32)
+
+    @property
     def is_image(self) -> bool:
         return self.obs_dtype == "uint8"
 

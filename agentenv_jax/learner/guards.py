@@ -6,6 +6,8 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 
+import jax
+import jax.numpy as jnp
 import numpy as np
 
 
@@ -14,11 +16,12 @@ class NonFiniteError(FloatingPointError):
 
 
 def check_finite(
-    update: int, metrics: Mapping[str, float], flat_params: np.ndarray | None = None
+    update: int, metrics: Mapping[str, float], flat_params: np.ndarray | jax.Array | None = None
 ) -> None:
     """Raise `NonFiniteError` naming the first non-finite loss/gradient term, or the parameters.
 
-    Loss terms are named before derived quantities, so the message points at the cause."""
+    Loss terms are named before derived quantities, so the message points at the cause. Device
+    parameters (`jax.Array`) are counted where they are: one scalar comes to the host."""
     ordered = sorted(metrics, key=lambda k: (not k.startswith("loss/"), k))
     bad = [k for k in ordered if not math.isfinite(float(metrics[k]))]
     if bad:
@@ -28,8 +31,11 @@ def check_finite(
             + "; stopped before saving or broadcasting this state — the last good checkpoint "
             "is kept"
         )
-    if flat_params is not None and not np.all(np.isfinite(flat_params)):
-        count = int(np.sum(~np.isfinite(flat_params)))
+    if flat_params is None:
+        return
+    xp = jnp if isinstance(flat_params, jax.Array) else np
+    count = int(xp.sum(~xp.isfinite(flat_params)))
+    if count:
         raise NonFiniteError(
             f"update {update}: {count} parameters are not finite; stopped before saving or "
             "broadcasting this state — the last good checkpoint is kept"

@@ -47,6 +47,8 @@ class Endpoint(Protocol):
 
     def reply(self, index: int) -> None: ...
 
+    def close(self) -> None: ...
+
 
 class InferenceServer:
     """Answers the inference requests of a learner's env ranks (`local_num_envs[i]` envs each)
@@ -82,6 +84,10 @@ class InferenceServer:
 
     def set_params(self, flat_params: Any) -> None:
         self._policy.set_params(flat_params)
+
+    def close(self) -> None:
+        """At shutdown, once every env rank has reported: the endpoint lets its receives go."""
+        self._endpoint.close()
 
     def serve(self, collecting: Callable[[], Sequence[int]] | None = None) -> bool:
         """Take the requests that arrived; answer them once every env rank still `collecting`

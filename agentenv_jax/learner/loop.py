@@ -299,11 +299,11 @@ class Learner:
         fields["version"][0] = self.version
         flat = self._ravel(self.state.params)
         if self.inference is not None:
-            # The server's copy, on its device; env ranks get no parameters.
-            self.inference.set_params(
-                jax.device_put(flat.addressable_shards[0].data, self.inference_device)
-            )
-            check_finite(self.updates, {}, np.asarray(flat.addressable_shards[0].data))
+            # The server's copy, on its device (checked there: no host copy); env ranks get no
+            # parameters.
+            local = jax.device_put(flat.addressable_shards[0].data, self.inference_device)
+            check_finite(self.updates, {}, local)
+            self.inference.set_params(local)
         else:
             fields["params"][:] = np.asarray(flat)
             check_finite(self.updates, {}, fields["params"])
@@ -440,10 +440,8 @@ class Learner:
         if self.text is not None:
             self.text.reconcile(reports)
         self.env_rank_cpu_share = cpu_shares(reports)
-        if self.inference is not None and hasattr(self._channel, "inference_endpoint"):
-            close = getattr(self._channel.inference_endpoint, "close", None)
-            if close is not None:
-                close()
+        if self.inference is not None:
+            self.inference.close()
         self.env_rank_policy_params = [int(r.get("policy_params", -1)) for r in reports]
         if self._progress is not None:
             self._progress.close()

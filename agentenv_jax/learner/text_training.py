@@ -16,7 +16,7 @@ from agentenv_jax.algorithms.token_ppo import (
     make_token_ppo_update,
 )
 from agentenv_jax.config.schema import ExperimentConfig, PPOConfig
-from agentenv_jax.envs.spaces import EnvError, TextSpec
+from agentenv_jax.envs.spaces import TextSpec
 from agentenv_jax.networks.text_models import initial_language_model_params, language_model_for
 
 
@@ -48,13 +48,7 @@ def language_model_training(
     parameters (random or `init_from`), and token-level PPO."""
     from agentenv_jax.learner.on_policy_model import OnPolicyModel
 
-    algo = config.algorithm
-    if not isinstance(algo, PPOConfig):
-        raise EnvError(
-            f"env.id = {config.env.id!r} is a text env: algorithm.name = {algo.name!r} is not "
-            "supported for it; use 'ppo' (token-level PPO, or algorithm.advantage = 'group' "
-            "for the critic-free group baseline)"
-        )
+    algo = config.algorithm  # PPO: other algorithms are refused at start-up
     lm = language_model_for(config.network.language_model, text)
     optimizer = make_optimizer(
         algo.learning_rate,

@@ -201,6 +201,9 @@ class InProcessInference:
     def poll(self) -> list[int]:
         return []  # every request is answered as it is made
 
+    def close(self) -> None:
+        return None  # nothing posted
+
     def call(self, request: np.ndarray) -> np.ndarray:
         if self.server is None:
             raise TransportError("in-process central inference: no learner server attached")
