@@ -185,7 +185,6 @@ def sample_dialogues(
         raise ValueError(f"num_episodes = {num_episodes!r}: expected an integer >= 1")
     if not temperature > 0:
         raise ValueError(f"temperature = {temperature!r}: expected a number > 0")
-    import functools
 
     import jax
     import jax.numpy as jnp
@@ -194,7 +193,7 @@ def sample_dialogues(
     from agentenv_jax.envs.text import make_text_vector_env
     from agentenv_jax.envs.text.vector_env import FINISHED_TRANSCRIPTS
     from agentenv_jax.evaluation import EVAL_SEED_BASE
-    from agentenv_jax.networks.generation import generate
+    from agentenv_jax.networks.text_models import text_generate
 
     group_size = config.env.kwargs.get("group_size", 1)
     if not isinstance(group_size, int) or group_size < 1:
@@ -218,15 +217,7 @@ def sample_dialogues(
         _check_params(params, lm.param_shapes())
         with jax.default_device(cpu):
             params = jax.device_put(params, cpu)
-            generate_fn = jax.jit(
-                functools.partial(
-                    generate,
-                    lm,
-                    response_length=text.response_length,
-                    pad_id=text.pad_id,
-                    eos_id=text.eos_id,
-                )
-            )
+            generate_fn = jax.jit(text_generate(lm, text))
             keys = iter(
                 jax.random.fold_in(jax.random.PRNGKey(seed), call) for call in itertools.count()
             )

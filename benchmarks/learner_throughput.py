@@ -124,10 +124,8 @@ def ppo_throughput(config, args) -> dict:
 def _generation_throughput(config, spaces, params, args) -> dict:
     """Tokens/s of central inference's call: KV-cached generation for every env at once
     (`global_num_envs` contexts) on the first device, as the server runs it."""
-    import functools
 
-    from agentenv_jax.networks.generation import generate
-    from agentenv_jax.networks.text_models import language_model_for
+    from agentenv_jax.networks.text_models import language_model_for, text_generate
 
     text = spaces.text
     lm = language_model_for(config.network.language_model, text)
@@ -137,15 +135,7 @@ def _generation_throughput(config, spaces, params, args) -> dict:
     context = np.random.default_rng(1).integers(0, 256, (batch, text.context_length), np.int32)
     context[:, 0] = text.bos_id
     context = jax.device_put(context, device)
-    call = jax.jit(
-        functools.partial(
-            generate,
-            lm,
-            response_length=text.response_length,
-            pad_id=text.pad_id,
-            eos_id=text.eos_id,
-        )
-    )
+    call = jax.jit(text_generate(lm, text))
     keys = [jax.random.PRNGKey(i) for i in range(args.warmup + args.updates)]
     for key in keys[: args.warmup]:
         jax.block_until_ready(call(params, context, key))

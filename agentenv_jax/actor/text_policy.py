@@ -17,8 +17,8 @@ import numpy as np
 
 from agentenv_jax.actor.policy import flat_params_on
 from agentenv_jax.envs.spaces import TextSpec
-from agentenv_jax.networks.generation import generate
 from agentenv_jax.networks.language_model import LanguageModel
+from agentenv_jax.networks.text_models import text_generate
 
 
 class TextPolicy:
@@ -44,21 +44,14 @@ class TextPolicy:
         self._params: jax.Array | None = None
         self._own_noise = self.noise_source(env_offset, num_envs)
         base = jax.random.PRNGKey(seed)
+        generate_text = text_generate(lm, text)
 
         def act(flat_params, context, rows):
             params = unravel(flat_params)
 
             def one(row_context, row):
                 key = jax.random.fold_in(jax.random.fold_in(base, row[0]), row[1])
-                out = generate(
-                    lm,
-                    params,
-                    row_context[None],
-                    key,
-                    response_length=text.response_length,
-                    pad_id=text.pad_id,
-                    eos_id=text.eos_id,
-                )
+                out = generate_text(params, row_context[None], key)
                 return out.tokens[0], out.log_probs[0], out.values[0]
 
             return jax.vmap(one)(context, rows)

@@ -3,6 +3,8 @@ over the env's `TextSpec`) and its first parameters (random, or a user's local c
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
 from typing import Any
 
 import jax
@@ -10,6 +12,7 @@ import jax
 from agentenv_jax.config.errors import ConfigError
 from agentenv_jax.config.schema import LanguageModelConfig
 from agentenv_jax.envs.spaces import TextSpec
+from agentenv_jax.networks.generation import Generation, generate
 from agentenv_jax.networks.language_model import (
     LanguageModel,
     language_model_spec,
@@ -35,6 +38,14 @@ def language_model_for(config: LanguageModelConfig, text: TextSpec) -> LanguageM
     except ValueError as err:
         raise ConfigError(f"network.language_model: {err}") from None
     return make_language_model(spec)
+
+
+def text_generate(lm: LanguageModel, text: TextSpec) -> Callable[..., Generation]:
+    """`generate(params, context [B, L], key, ...)` of `lm` with `text`'s response length and
+    PAD/EOS ids bound (jit it where it is called)."""
+    return functools.partial(
+        generate, lm, response_length=text.response_length, pad_id=text.pad_id, eos_id=text.eos_id
+    )
 
 
 def initial_language_model_params(
