@@ -8,6 +8,7 @@ import sys
 
 from agentenv_jax import supervisor
 from agentenv_jax.config.errors import ConfigError
+from agentenv_jax.launcher import LaunchError, launcher_rank
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -183,12 +184,12 @@ def _sweep(args: argparse.Namespace) -> int:
 
 
 def _rank_prefix() -> str:
-    rank = supervisor.launcher_rank()
+    rank = launcher_rank()
     return "" if rank is None else f"rank {rank}: "
 
 
 def _is_lead_rank() -> bool:
-    return supervisor.launcher_rank() in (None, "0")
+    return launcher_rank() in (None, "0")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -273,7 +274,7 @@ def main(argv: list[str] | None = None) -> int:
 
         for sig in STOP_SIGNALS:
             signal.signal(sig, signal.SIG_IGN)
-    except (ConfigError, EnvError, MeshError, StartupError, CheckpointError) as err:
+    except (ConfigError, EnvError, MeshError, StartupError, CheckpointError, LaunchError) as err:
         # Every rank sees the same error; one message is enough.
         if _is_lead_rank():
             print(f"agentenv: error: {err}", file=sys.stderr, flush=True)

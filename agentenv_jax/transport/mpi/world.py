@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 from mpi4py import MPI
 
+from agentenv_jax.launcher import detect_launcher, world_mismatch
 from agentenv_jax.transport.base import TransportError
 from agentenv_jax.transport.messages import TAG_FINAL, TAG_PARAMS
 
@@ -153,13 +154,37 @@ def wait_until(done: Callable[[], bool], timeout_s: float, what: Callable[[], st
         backoff.pause()
 
 
+def mpi_library() -> dict[str, str]:
+    """The MPI library this process runs on: `name` (its version line, e.g. "MPICH Version:
+    5.0.2" or "Open MPI v5.0.11"), `path` (the shared library file mpi4py loaded; "" where the
+    process's memory map cannot be read) and `mpi4py` (its version)."""
+    import mpi4py
+
+    name = " ".join(MPI.Get_library_version().splitlines()[0].split())
+    name = name.split(",")[0]  # Open MPI appends its package and release date
+    path = ""
+    try:
+        with open("/proc/self/maps") as maps:
+            found = [line.split()[-1] for line in maps if "libmpi" in line.rsplit("/", 1)[-1]]
+        path = found[0] if found else ""
+    except OSError:
+        pass
+    return {"name": name, "path": path, "mpi4py": mpi4py.__version__}
+
+
 class MPIWorld:
-    """COMM_WORLD as the launcher made it: size, rank, and the pickled start-up collectives."""
+    """COMM_WORLD as the launcher made it: size, rank, and the pickled start-up collectives.
+    `LaunchError` when it is not the world the launcher started (a library that missed the
+    launcher's PMI sees every rank alone)."""
 
     def __init__(self) -> None:
         self.comm = MPI.COMM_WORLD
         self.size = self.comm.Get_size()
         self.rank = self.comm.Get_rank()
+        launcher = detect_launcher()
+        if launcher.size is not None and launcher.size != self.size:
+            library = mpi_library()
+            raise world_mismatch(launcher, self.size, f"{library['name']}, {library['path']}")
 
     def allgather(self, value: Any) -> list[Any]:
         """Every rank's `value` (a start-up or error-agreement collective; pickled).

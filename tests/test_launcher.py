@@ -1,0 +1,75 @@
+"""Reading the launcher off the environment: the variables each real launcher set (as seen from
+its tasks under MPICH's mpiexec, Open MPI's mpirun and Slurm's srun), and what follows."""
+
+from __future__ import annotations
+
+import pytest
+
+from agentenv_jax.launcher import detect_launcher, launcher_rank, slurm_step, world_mismatch
+
+HYDRA = {"HYDI_CONTROL_FD": "7", "PMI_FD": "9", "PMI_RANK": "1", "PMI_SIZE": "3"}
+OPEN_MPI = {"OMPI_COMM_WORLD_RANK": "2", "OMPI_COMM_WORLD_SIZE": "3", "PMIX_RANK": "2"}
+STEP = {"SLURM_JOB_ID": "12", "SLURM_STEP_ID": "0", "SLURM_PROCID": "1", "SLURM_NTASKS": "3"}
+SRUN_PMI2 = STEP | {"SLURM_STEP_NUM_TASKS": "3", "PMI_FD": "13", "PMI_JOBID": "12.0"}
+SRUN_PMI2 |= {"PMI_RANK": "1", "PMI_SIZE": "3"}
+SRUN_PMIX = STEP | {"SLURM_STEP_NUM_TASKS": "3", "PMIX_RANK": "1"}
+SRUN_NONE = STEP | {"SLURM_STEP_NUM_TASKS": "3"}
+# The batch shell of an sbatch job: a job, but no step.
+BATCH_SHELL = {"SLURM_JOB_ID": "12", "SLURM_PROCID": "0", "SLURM_NTASKS": "3"}
+
+
+@pytest.mark.parametrize(
+    "env, name, pmi, rank, size, step",
+    [
+        (HYDRA, "mpiexec (Hydra)", "PMI-1", 1, 3, None),
+        (OPEN_MPI, "mpirun (Open MPI)", "PMIx", 2, 3, None),
+        (SRUN_PMI2, "srun", "PMI-2", 1, 3, "12.0"),
+        (SRUN_PMIX, "srun", "PMIx", 1, 3, "12.0"),
+        (SRUN_NONE, "srun", "none", 1, 3, "12.0"),
+        # mpiexec inside an allocation starts its proxies with srun: Hydra's ranks all the same.
+        (HYDRA | STEP | {"SLURM_STEP_NUM_TASKS": "1"}, "mpiexec (Hydra)", "PMI-1", 1, 3, "12.0"),
+        (OPEN_MPI | STEP, "mpirun (Open MPI)", "PMIx", 2, 3, "12.0"),
+    ],
+    ids=[
+        "hydra",
+        "open-mpi",
+        "srun-pmi2",
+        "srun-pmix",
+        "srun-none",
+        "hydra-in-slurm",
+        "ompi-in-slurm",
+    ],
+)
+def test_each_launcher_is_recognised(env, name, pmi, rank, size, step):
+    launcher = detect_launcher(env)
+    assert (launcher.name, launcher.pmi, launcher.rank, launcher.size) == (name, pmi, rank, size)
+    assert launcher.slurm_step == step == slurm_step(env)
+    assert launcher.started_ranks
+    assert launcher_rank(env) == str(rank)
+    assert f"{name} with {size} ranks (PMI: {pmi}" in launcher.describe()
+
+
+@pytest.mark.parametrize(
+    "env",
+    [{}, BATCH_SHELL, STEP | {"SLURM_STEP_NUM_TASKS": "1"}],
+    ids=["no-launcher", "sbatch-batch-shell", "one-task-srun-step"],
+)
+def test_one_process_runs_have_no_launcher(env):
+    launcher = detect_launcher(env)
+    assert not launcher.started_ranks
+    assert launcher_rank(env) is None
+    assert launcher.describe() == "none (one process)"
+
+
+def test_a_world_that_missed_srun_says_which_plugin_to_ask_for():
+    error = world_mismatch(detect_launcher(SRUN_NONE), 1, "MPICH Version: 5.0.2, /x/libmpi.so.12")
+    message = str(error)
+    assert "srun started 3 ranks (PMI: none)" in message
+    assert "(MPICH Version: 5.0.2, /x/libmpi.so.12) sees a world of 1" in message
+    assert "--mpi=pmi2" in message and "--mpi=pmix" in message
+
+
+def test_a_world_of_another_mpi_says_to_match_launcher_and_library():
+    message = str(world_mismatch(detect_launcher(HYDRA), 1, "Open MPI v5.0.11, /x/libmpi.so.40"))
+    assert "mpiexec (Hydra) started 3 ranks (PMI: PMI-1)" in message
+    assert "MPI4PY_LIBMPI" in message
