@@ -43,6 +43,11 @@ def _parser() -> argparse.ArgumentParser:
     show.add_argument("config", nargs="?")
     show.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
     commands.add_parser("config-reference", help="print the config reference (Markdown)")
+    commands.add_parser(
+        "doctor",
+        help="say which launcher, PMI, MPI library and devices this process (or, under a "
+        "launcher, every rank) gets",
+    )
     commands.add_parser("list", help="list the shipped experiments (train one by its name)")
     evaluate = commands.add_parser(
         "eval", help="play a run's saved policy on fresh env seeds and report its return"
@@ -231,6 +236,10 @@ def main(argv: list[str] | None = None) -> int:
     from agentenv_jax.transport.base import TransportError
 
     try:
+        if args.command == "doctor":
+            from agentenv_jax.doctor import doctor
+
+            return doctor()
         if args.command == "slurm":
             from agentenv_jax.slurm import write_job
 

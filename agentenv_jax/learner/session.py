@@ -143,11 +143,18 @@ class LearnerSession:
         with open(self._events, "a") as f:
             f.write(json.dumps(record) + "\n")
 
-    def record_start(self, processes: dict[int, dict[str, Any]]) -> None:
+    def record_start(
+        self, processes: dict[int, dict[str, Any]], runtime: dict[str, Any] | None = None
+    ) -> None:
         """Once every rank has started: which process plays which rank (for whoever has to
-        find a stuck or dead one) and, for a resumed run, the restored state's checksum. A
+        find a stuck or dead one), what the job runs on (`runtime`: launcher, PMI, MPI library;
+        see `doctor.runtime_record`) and, for a resumed run, the restored state's checksum. A
         start that is called off before this writes nothing into the run."""
-        self._event("start", processes={str(rank): info for rank, info in processes.items()})
+        self._event(
+            "start",
+            processes={str(rank): info for rank, info in processes.items()},
+            runtime=runtime or {},
+        )
         if self._resumed:
             self._event("resume", state_checksum=state_checksum(self.learner.state))
 
