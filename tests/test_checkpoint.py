@@ -20,6 +20,8 @@ from conftest import (
     EXPERIMENTS,
     REPO,
     agentenv_command,
+    is_open_mpi,
+    mpi_launch,
     mpiexec_path,
     read_events,
     run_command,
@@ -50,13 +52,12 @@ def test_store_round_trip_keeps_newest_and_ignores_unfinished_saves(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.openmpi
 def test_sigterm_then_resume_under_mpiexec(tmp_path):
     run_dir = tmp_path / "pre"
     proc = start_job(
         [
-            mpiexec_path(),
-            "-n",
-            "3",
+            *mpi_launch(3),
             *agentenv_command(
                 "train",
                 CARTPOLE,
@@ -76,7 +77,9 @@ def test_sigterm_then_resume_under_mpiexec(tmp_path):
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
-    assert proc.returncode == 0, stderr[-3000:]
+    # Open MPI's mpirun exits 1 once it has passed a SIGTERM on, however the ranks ended; the
+    # run's own record says it stopped cleanly.
+    assert proc.returncode == (1 if is_open_mpi() else 0), stderr[-3000:]
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["interrupted"] and summary["accounting"]["reconciles"]
     stopped_at = summary["updates"]
@@ -93,9 +96,7 @@ def test_sigterm_then_resume_under_mpiexec(tmp_path):
     # Resumed with 3 env ranks where it ran with 2: the state does not depend on the topology.
     resumed = run_command(
         [
-            mpiexec_path(),
-            "-n",
-            "4",
+            *mpi_launch(4),
             *agentenv_command("train", "--resume", str(run_dir), "--set", "run.stop_at_return=475"),
         ],
         timeout=300,
@@ -315,9 +316,7 @@ def test_replay_partitions_saved_per_env_rank_restore_over_more_ranks(tmp_path):
 
     resumed = run_command(
         [
-            mpiexec_path(),
-            "-n",
-            "4",
+            *mpi_launch(4),
             *agentenv_command("train", "--resume", str(run_dir)),
             *settings("run.total_env_steps=2000"),
         ],

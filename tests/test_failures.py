@@ -13,7 +13,9 @@ from conftest import (
     EXPERIMENTS,
     REPO,
     agentenv_command,
+    mpi_launch,
     mpiexec_path,
+    processes_with,
     read_events,
     restorable_checkpoint,
     run_command,
@@ -61,20 +63,25 @@ def test_non_finite_update_stops_the_job_and_keeps_the_last_good_checkpoint(tmp_
 @pytest.mark.slow
 @pytest.mark.parametrize(
     "killed_rank, launcher_flags",
-    [(2, []), (0, []), (2, ["-disable-auto-cleanup"])],
+    [
+        pytest.param(2, [], marks=pytest.mark.openmpi),
+        pytest.param(0, [], marks=pytest.mark.openmpi),
+        (2, ["-disable-auto-cleanup"]),  # MPICH's
+    ],
     ids=["env-rank", "learner", "env-rank-survivors-kept"],
 )
 def test_killed_rank_is_named_and_the_checkpoint_restores(tmp_path, killed_rank, launcher_flags):
-    """SIGKILL one rank's process: its supervisor names the rank and the job stops at once, with
-    MPICH's default cleanup and with the survivors kept alive (they stop on the launcher's
-    notice). The last checkpoint restores."""
+    """SIGKILL one rank's process: its supervisor names the rank and the job stops at once
+    (with MPICH's default cleanup, with the survivors kept alive, where they stop on the
+    launcher's notice, and under Open MPI's mpirun), and no process of the job is left. The
+    last checkpoint restores."""
     run_dir = tmp_path / "kill"
+    launch = mpi_launch(3)
     proc = start_job(
         [
-            mpiexec_path(),
+            *launch[:1],
             *launcher_flags,
-            "-n",
-            "3",
+            *launch[1:],
             *agentenv_command("train", CARTPOLE),
             *settings(
                 f"run.run_dir={tmp_path}",
@@ -96,7 +103,8 @@ def test_killed_rank_is_named_and_the_checkpoint_restores(tmp_path, killed_rank,
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
     assert proc.returncode != 0
-    assert ended_after < 20  # well before the transport timeout
+    assert ended_after < 10  # well before the transport timeout
     named = f"rank {killed_rank} (pid {pid}) was killed by SIGKILL"
     assert named in stderr, (stdout + stderr)[-3000:]
+    assert processes_with(str(run_dir)) == []
     assert restorable_checkpoint(run_dir) >= 5

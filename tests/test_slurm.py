@@ -44,6 +44,7 @@ def test_a_two_node_job_puts_the_learner_on_a_gpu_node_and_env_ranks_on_a_cpu_no
 #SBATCH --account=rl
 #SBATCH --signal=B:USR1@300
 #SBATCH --output=/scratch/runs/cp.slurm-%j.out
+#SBATCH --open-mode=append
 #SBATCH --requeue
 # Component 0: the learner (rank 0) with its GPUs.
 #SBATCH --partition=gpu
@@ -190,6 +191,7 @@ def test_a_four_trial_sweep_is_a_job_array_one_trial_per_task():
 #SBATCH --signal=B:USR1@300
 #SBATCH --chdir=/home/me
 #SBATCH --output=/scratch/runs/lr/logs/slurm-%A_%a.out
+#SBATCH --open-mode=append
 #SBATCH --nodes=1
 #SBATCH --ntasks=3
 #SBATCH --cpus-per-task=2

@@ -22,7 +22,7 @@ from agentenv_jax.policies import build_actor_policy
 from agentenv_jax.roles import plan_for, prepare_env_rank
 from agentenv_jax.transport.topology import make_topology
 
-from conftest import EXPERIMENTS, REPO, agentenv_command, mpiexec_path, run_command
+from conftest import EXPERIMENTS, REPO, agentenv_command, mpi_launch, mpiexec_path, run_command
 
 CARTPOLE = EXPERIMENTS / "cartpole_ppo.yaml"
 # The bar: mean return >= 475 over the last 20 episodes within 100k env steps.
@@ -118,12 +118,11 @@ def test_one_process_pendulum_ppo_reaches_the_return_its_experiment_file_states(
 
 
 @pytest.mark.slow
+@pytest.mark.openmpi
 def test_mpiexec_three_ranks_cartpole_reaches_threshold_and_reconciles(run_dir):
     proc = run_command(
         [
-            mpiexec_path(),
-            "-n",
-            "3",
+            *mpi_launch(3),
             *agentenv_command(
                 "train",
                 str(CARTPOLE),

@@ -1,0 +1,312 @@
+"""Real Slurm, on the one-node cluster `.ci/start_slurm` starts (CI starts it before the tests):
+`srun` steps whose ranks are killed or hang, `srun` without an MPI plugin, a generated `sbatch`
+script preempted with `scancel --signal=TERM`, requeued and resumed, and a sweep as a job array.
+Without a running Slurm these tests skip, except under CI, where they fail."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from agentenv_jax.metrics.logger import read_metrics
+
+from conftest import (
+    EXPERIMENTS,
+    REPO,
+    agentenv_command,
+    processes_with,
+    read_events,
+    restorable_checkpoint,
+    run_command,
+    settings,
+    start_job,
+    wait_for_updates,
+)
+
+pytestmark = [pytest.mark.slurm, pytest.mark.slow]
+
+CARTPOLE = str(EXPERIMENTS / "cartpole_ppo.yaml")
+# The node has fewer cores than a step has ranks; the mpich wheel speaks PMI-2.
+SRUN = ["srun", "--overcommit", "--mpi=pmi2"]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def slurm() -> None:
+    """A Slurm that answers, with its node up."""
+    sinfo = shutil.which("sinfo")
+    states = ""
+    if sinfo is not None:
+        states = subprocess.run(
+            [sinfo, "-h", "-o", "%T"], capture_output=True, text=True, timeout=30
+        ).stdout
+    if not re.search(r"^(idle|mixed|allocated)", states, re.M):
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"no Slurm node is up (sinfo: {states!r}): .ci/run starts one")
+        pytest.skip("no Slurm running here (as root, `bash .ci/start_slurm` starts one)")
+
+
+def _job_state(job: str) -> str:
+    shown = subprocess.run(
+        ["scontrol", "show", "job", job], capture_output=True, text=True, timeout=30
+    ).stdout
+    found = re.search(r"JobState=(\w+)", shown)
+    return found.group(1) if found else "GONE"
+
+
+def _wait_for_state(job: str, states: tuple[str, ...], timeout: float) -> str:
+    deadline = time.monotonic() + timeout
+    while (state := _job_state(job)) not in states:
+        assert time.monotonic() < deadline, f"job {job} is still {state} after {timeout} s"
+        time.sleep(0.5)
+    return state
+
+
+def _sbatch(script: Path, cwd: Path) -> str:
+    submitted = subprocess.run(
+        ["sbatch", "--parsable", str(script)], capture_output=True, text=True, cwd=cwd, timeout=60
+    )
+    assert submitted.returncode == 0, submitted.stderr
+    return submitted.stdout.strip().split(";")[0]
+
+
+def _cancel(job: str | None) -> None:
+    if job is not None:
+        subprocess.run(["scancel", job], timeout=30, check=False)
+
+
+@pytest.mark.parametrize(
+    "killed_rank, srun_flags",
+    [(2, []), (0, []), (2, ["--kill-on-bad-exit"])],
+    ids=["env-rank", "learner", "env-rank-kill-on-bad-exit"],
+)
+def test_a_killed_rank_ends_the_srun_step_within_seconds(tmp_path, killed_rank, srun_flags):
+    """Slurm ends a step when one task dies only with -K; without it, the dead rank's
+    supervisor ends the step. Either way the rank is named, the step is gone within 10 s (the
+    transport timeout is 60 s), no process is left, and the start event says what ran it."""
+    run_dir = tmp_path / "kill"
+    proc = start_job(
+        [
+            *SRUN,
+            *srun_flags,
+            "-n",
+            "3",
+            *agentenv_command("train", CARTPOLE),
+            *settings(
+                f"run.run_dir={tmp_path}",
+                "run.name=kill",
+                "checkpoint.every_updates=5",
+                "run.transport_timeout_s=60",
+            ),
+        ]
+    )
+    try:
+        wait_for_updates(proc, run_dir, 12, timeout=120)
+        start = next(e for e in read_events(run_dir) if e["event"] == "start")
+        pid = start["processes"][str(killed_rank)]["pid"]
+        os.kill(pid, signal.SIGKILL)
+        killed_at = time.monotonic()
+        stdout, stderr = proc.communicate(timeout=90)
+        ended_after = time.monotonic() - killed_at
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode != 0
+    assert ended_after < 10, (ended_after, stderr[-3000:])
+    assert f"rank {killed_rank} (pid {pid}) was killed by SIGKILL" in stderr, stderr[-3000:]
+    assert processes_with(str(tmp_path)) == []
+    assert start["runtime"]["launcher"] == "srun" and start["runtime"]["pmi"] == "PMI-2"
+    assert re.fullmatch(r"\d+\.\d+", start["runtime"]["slurm_step"])
+    assert start["runtime"]["mpi_library"].startswith("MPICH")
+    assert start["processes"]["0"]["jax_devices"]["platform"] == "cpu"
+    assert restorable_checkpoint(run_dir) >= 5
+
+
+def test_a_hung_rank_ends_the_srun_step_after_the_transport_timeout(tmp_path):
+    """An env rank that is alive but silent (SIGSTOP) is named by the learner once
+    run.transport_timeout_s has passed, and its abort ends the whole step."""
+    run_dir = tmp_path / "hung"
+    proc = start_job(
+        [
+            *SRUN,
+            "-n",
+            "3",
+            *agentenv_command("train", CARTPOLE),
+            *settings(
+                f"run.run_dir={tmp_path}",
+                "run.name=hung",
+                "run.transport_timeout_s=10",
+                "run.progress=false",
+            ),
+        ]
+    )
+    pid = None
+    try:
+        wait_for_updates(proc, run_dir, 8, timeout=120)
+        pid = next(e for e in read_events(run_dir) if e["event"] == "start")["processes"]["2"][
+            "pid"
+        ]
+        os.kill(pid, signal.SIGSTOP)
+        stopped_at = time.monotonic()
+        _, stderr = proc.communicate(timeout=90)
+        ended_after = time.monotonic() - stopped_at
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+        if pid is not None and processes_with(str(tmp_path)):
+            os.kill(pid, signal.SIGKILL)
+    assert proc.returncode != 0
+    assert (
+        "rank 0: timed out after 10 s waiting for a segment from env rank(s) 2 "
+        "(run.transport_timeout_s)" in stderr
+    ), stderr[-3000:]
+    assert 9 < ended_after < 40, ended_after
+    time.sleep(1)
+    assert processes_with(str(tmp_path)) == []
+
+
+def test_srun_without_an_mpi_plugin_is_one_error_not_three_runs(tmp_path):
+    """Slurm's default `--mpi=none` hands MPICH no job: every task would train alone."""
+    proc = run_command(
+        [
+            "srun",
+            "--overcommit",
+            "--mpi=none",
+            "-n",
+            "3",
+            *agentenv_command("train", CARTPOLE, *settings(f"run.run_dir={tmp_path}")),
+        ],
+        timeout=120,
+        cwd=REPO,
+    )
+    assert proc.returncode != 0
+    assert proc.stderr.count("agentenv: error:") == 1, proc.stderr
+    assert "srun started 3 ranks (PMI: none)" in proc.stderr
+    assert "sees a world of 1" in proc.stderr and "--mpi=pmi2" in proc.stderr
+    assert not any(tmp_path.iterdir())  # no run was started
+
+
+def test_a_preempted_sbatch_job_checkpoints_and_its_requeue_resumes(tmp_path):
+    """The script `agentenv slurm` writes: submitted, preempted mid-run with
+    `scancel --signal=TERM` (a final checkpoint, the job ends cleanly), requeued, and resumed
+    from the checkpoint to the end of the budget, with the counters continuing and every
+    start's output kept in the log."""
+    budget = 40_000
+    written = run_command(
+        agentenv_command(
+            "slurm",
+            "cartpole_ppo",
+            "--gpus",
+            "0",
+            "--env-ranks",
+            "2",
+            "--mpi",
+            "pmi2",
+            "--time",
+            "00:10:00",
+            *settings(
+                f"run.run_dir={tmp_path / 'runs'}",
+                "run.name=job",
+                f"run.total_env_steps={budget}",
+                "checkpoint.every_updates=10",
+            ),
+        ),
+        timeout=120,
+        cwd=tmp_path,
+    )
+    assert written.returncode == 0, written.stderr
+    run_dir = tmp_path / "runs" / "job"
+    job = None
+    try:
+        job = _sbatch(tmp_path / "job.sbatch", tmp_path)
+        metrics = run_dir / "metrics.jsonl"
+        deadline = time.monotonic() + 180
+        while not (metrics.exists() and len(metrics.read_text().splitlines()) >= 15):
+            assert _job_state(job) in ("PENDING", "CONFIGURING", "RUNNING"), _job_state(job)
+            assert time.monotonic() < deadline, "the job wrote fewer than 15 updates"
+            time.sleep(0.2)
+        preempted = subprocess.run(["scancel", "--signal=TERM", job], timeout=30)
+        assert preempted.returncode == 0
+        assert _wait_for_state(job, ("COMPLETED", "FAILED", "CANCELLED"), 120) == "COMPLETED"
+        events = read_events(run_dir)
+        (stop,) = [e for e in events if e["event"] == "interrupted"]
+        stopped_at = stop["update"]
+        assert restorable_checkpoint(run_dir) == stopped_at
+        assert json.loads((run_dir / "summary.json").read_text())["env_steps"] < budget
+
+        requeued = subprocess.run(["scontrol", "requeue", job], timeout=30)
+        assert requeued.returncode == 0
+        # A requeued job waits (BeginTime) before it may start again; release it now.
+        subprocess.run(["scontrol", "update", f"JobId={job}", "StartTime=now"], timeout=30)
+        assert _wait_for_state(job, ("COMPLETED", "FAILED", "CANCELLED"), 240) == "COMPLETED"
+    finally:
+        _cancel(job)
+    events = read_events(run_dir)
+    (resume,) = [e for e in events if e["event"] == "resume"]
+    assert resume["update"] == stopped_at
+    assert [e["event"] for e in events].count("start") == 2
+    updates = [r["update"] for r in read_metrics(run_dir / "metrics.jsonl")]
+    assert updates == list(range(1, len(updates) + 1))  # one run, no update twice or missed
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["env_steps"] >= budget and not summary["interrupted"]
+    assert summary["accounting"]["reconciles"]
+    log = (tmp_path / "runs" / f"job.slurm-{job}.out").read_text()
+    assert log.count("(reconciles)") == 2, log[-3000:]  # both starts' summaries
+
+
+def test_a_sweep_runs_as_a_slurm_job_array(tmp_path):
+    """`agentenv slurm SWEEP` writes a job array, one task per trial, each an `srun` job of
+    the trial's ranks; when every task has ended, every trial has finished and the tables
+    hold them all."""
+    sweep = tmp_path / "array.yaml"
+    sweep.write_text(
+        yaml.safe_dump(
+            {
+                "base": "cartpole_ppo",
+                "name": "array",
+                "run_dir": str(tmp_path / "runs"),
+                "set": ["run.total_env_steps=2048", "run.progress=false"],
+                "parameters": {"algorithm.clip_eps": [0.1, 0.2]},
+                "ranks": 2,
+                "parallel": 2,
+            },
+            sort_keys=False,
+        )
+    )
+    written = run_command(
+        agentenv_command("slurm", str(sweep), "--gpus", "0", "--mpi", "pmi2", "-o", "array.sh"),
+        timeout=120,
+        cwd=tmp_path,
+    )
+    assert written.returncode == 0, written.stderr
+    script = (tmp_path / "array.sh").read_text()
+    assert "#SBATCH --array=0-1%2" in script
+    job = None
+    try:
+        job = _sbatch(tmp_path / "array.sh", tmp_path)
+        deadline = time.monotonic() + 300
+        while subprocess.run(
+            ["squeue", "-h", "-j", job], capture_output=True, text=True, timeout=30
+        ).stdout.strip():
+            assert time.monotonic() < deadline, "the job array did not end within 300 s"
+            time.sleep(1)
+    finally:
+        _cancel(job)
+    folder = tmp_path / "runs" / "array"
+    logs = sorted((folder / "logs").glob("slurm-*_*.out"))
+    assert [p.name for p in logs] == [f"slurm-{job}_0.out", f"slurm-{job}_1.out"]
+    for trial in ("c00-clip_eps=0.1-seed0", "c01-clip_eps=0.2-seed0"):
+        summary = json.loads((folder / "trials" / trial / "summary.json").read_text())
+        assert summary["topology"].startswith("1 learner + 1 env rank(s)")
+        assert summary["accounting"]["reconciles"]
+        assert "srun --mpi=pmi2" in (folder / "logs" / f"{trial}.log").read_text()
+    rows = (folder / "trials.csv").read_text().splitlines()
+    assert len(rows) == 3 and all(",finished" in row for row in rows[1:]), rows
