@@ -135,7 +135,11 @@ def _parser() -> argparse.ArgumentParser:
     slurm.add_argument(
         "--grace", type=int, default=120, help="seconds before the limit to stop and requeue"
     )
-    slurm.add_argument("--mpi", default="pmix", help="srun --mpi plugin")
+    slurm.add_argument(
+        "--mpi",
+        help="srun --mpi plugin (default: pmi2 for MPICH, pmix for Open MPI, by the MPI this "
+        "environment has)",
+    )
     slurm.add_argument("--parallel", type=int, help="sweep: array tasks at once (default: its)")
     slurm.add_argument("-o", "--output", help="the script to write (default: RUN_NAME.sbatch)")
     return parser

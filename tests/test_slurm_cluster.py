@@ -194,12 +194,39 @@ def test_srun_without_an_mpi_plugin_is_one_error_not_three_runs(tmp_path):
     assert not any(tmp_path.iterdir())  # no run was started
 
 
-def test_a_preempted_sbatch_job_checkpoints_and_its_requeue_resumes(tmp_path):
-    """The script `agentenv slurm` writes: submitted, preempted mid-run with
-    `scancel --signal=TERM` (a final checkpoint, the job ends cleanly), requeued, and resumed
-    from the checkpoint to the end of the budget, with the counters continuing and every
-    start's output kept in the log."""
-    budget = 40_000
+def _wait_for_updates(run_dir: Path, job: str, count: int, timeout: float = 180) -> None:
+    """Until the job's run has written `count` metrics records in all."""
+    metrics = run_dir / "metrics.jsonl"
+    deadline = time.monotonic() + timeout
+    while not (metrics.exists() and len(metrics.read_text().splitlines()) >= count):
+        state = _job_state(job)
+        assert state in ("PENDING", "CONFIGURING", "RUNNING"), state
+        assert time.monotonic() < deadline, f"job {job} wrote fewer than {count} updates"
+        time.sleep(0.2)
+
+
+def _release(job: str) -> None:
+    """A requeued job waits (Reason=BeginTime) before it may start again: start it now."""
+    _wait_for_state(job, ("PENDING",), 60)
+    subprocess.run(["scontrol", "update", f"JobId={job}", "StartTime=now"], timeout=30)
+
+
+def _starts_and_stops(run_dir: Path) -> list[tuple[str, int]]:
+    return [
+        (e["event"], e["update"])
+        for e in read_events(run_dir)
+        if e["event"] in ("start", "resume", "interrupted")
+    ]
+
+
+def test_a_generated_sbatch_job_survives_its_time_limit_and_a_preemption(tmp_path):
+    """The script `agentenv slurm` writes (its `--mpi` chosen for the mpich wheel), on a real
+    Slurm: near its time limit (Slurm's USR1 to the batch shell) it stops the run with a
+    checkpoint and requeues itself; the next start resumes; a preemption
+    (`scancel --signal=TERM`) stops it with a checkpoint again; requeued, it resumes and runs
+    to the end of the budget. The counters continue across the three starts, and the log keeps
+    every start's output."""
+    budget = 100_000
     written = run_command(
         agentenv_command(
             "slurm",
@@ -208,8 +235,6 @@ def test_a_preempted_sbatch_job_checkpoints_and_its_requeue_resumes(tmp_path):
             "0",
             "--env-ranks",
             "2",
-            "--mpi",
-            "pmi2",
             "--time",
             "00:10:00",
             *settings(
@@ -223,49 +248,54 @@ def test_a_preempted_sbatch_job_checkpoints_and_its_requeue_resumes(tmp_path):
         cwd=tmp_path,
     )
     assert written.returncode == 0, written.stderr
+    assert "\nsrun --mpi=pmi2 " in (tmp_path / "job.sbatch").read_text()
     run_dir = tmp_path / "runs" / "job"
     job = None
     try:
         job = _sbatch(tmp_path / "job.sbatch", tmp_path)
-        metrics = run_dir / "metrics.jsonl"
-        deadline = time.monotonic() + 180
-        while not (metrics.exists() and len(metrics.read_text().splitlines()) >= 15):
-            assert _job_state(job) in ("PENDING", "CONFIGURING", "RUNNING"), _job_state(job)
-            assert time.monotonic() < deadline, "the job wrote fewer than 15 updates"
-            time.sleep(0.2)
-        preempted = subprocess.run(["scancel", "--signal=TERM", job], timeout=30)
-        assert preempted.returncode == 0
-        assert _wait_for_state(job, ("COMPLETED", "FAILED", "CANCELLED"), 120) == "COMPLETED"
-        events = read_events(run_dir)
-        (stop,) = [e for e in events if e["event"] == "interrupted"]
-        stopped_at = stop["update"]
-        assert restorable_checkpoint(run_dir) == stopped_at
-        assert json.loads((run_dir / "summary.json").read_text())["env_steps"] < budget
+        _wait_for_updates(run_dir, job, 15)
+        # What Slurm does `grace` seconds before the time limit (--signal=B:USR1@grace).
+        subprocess.run(["scancel", "--batch", "--signal=USR1", job], timeout=30, check=True)
+        _release(job)
+        _wait_for_updates(run_dir, job, len(read_metrics(run_dir / "metrics.jsonl")) + 15)
+        first_stop = [u for e, u in _starts_and_stops(run_dir) if e == "interrupted"]
+        assert len(first_stop) == 1, _starts_and_stops(run_dir)
+        assert ("resume", first_stop[0]) in _starts_and_stops(run_dir)
 
-        requeued = subprocess.run(["scontrol", "requeue", job], timeout=30)
-        assert requeued.returncode == 0
-        # A requeued job waits (BeginTime) before it may start again; release it now.
-        subprocess.run(["scontrol", "update", f"JobId={job}", "StartTime=now"], timeout=30)
+        subprocess.run(["scancel", "--signal=TERM", job], timeout=30, check=True)  # preemption
+        assert _wait_for_state(job, ("COMPLETED", "FAILED", "CANCELLED"), 120) == "COMPLETED"
+        (_, second_stop) = [x for x in _starts_and_stops(run_dir) if x[0] == "interrupted"][1]
+        assert restorable_checkpoint(run_dir) == second_stop
+        assert json.loads((run_dir / "summary.json").read_text())["interrupted"]
+
+        subprocess.run(["scontrol", "requeue", job], timeout=30, check=True)
+        _release(job)
         assert _wait_for_state(job, ("COMPLETED", "FAILED", "CANCELLED"), 240) == "COMPLETED"
     finally:
         _cancel(job)
-    events = read_events(run_dir)
-    (resume,) = [e for e in events if e["event"] == "resume"]
-    assert resume["update"] == stopped_at
-    assert [e["event"] for e in events].count("start") == 2
+    assert _starts_and_stops(run_dir) == [
+        ("start", 0),
+        ("interrupted", first_stop[0]),
+        ("start", first_stop[0]),
+        ("resume", first_stop[0]),
+        ("interrupted", second_stop),
+        ("start", second_stop),
+        ("resume", second_stop),
+    ]
     updates = [r["update"] for r in read_metrics(run_dir / "metrics.jsonl")]
-    assert updates == list(range(1, len(updates) + 1))  # one run, no update twice or missed
+    assert updates == list(range(1, len(updates) + 1))  # one run: no update twice or missed
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["env_steps"] >= budget and not summary["interrupted"]
     assert summary["accounting"]["reconciles"]
     log = (tmp_path / "runs" / f"job.slurm-{job}.out").read_text()
-    assert log.count("(reconciles)") == 2, log[-3000:]  # both starts' summaries
+    assert log.count("(reconciles)") == 3, log[-3000:]  # every start's closing summary
 
 
 def test_a_sweep_runs_as_a_slurm_job_array(tmp_path):
     """`agentenv slurm SWEEP` writes a job array, one task per trial, each an `srun` job of
-    the trial's ranks; when every task has ended, every trial has finished and the tables
-    hold them all."""
+    the trial's ranks. One task nears its time limit: it stops its trial with a checkpoint
+    and requeues itself, and its next start resumes the trial. When every task has ended,
+    every trial has finished and the sweep's table holds them all."""
     sweep = tmp_path / "array.yaml"
     sweep.write_text(
         yaml.safe_dump(
@@ -273,7 +303,7 @@ def test_a_sweep_runs_as_a_slurm_job_array(tmp_path):
                 "base": "cartpole_ppo",
                 "name": "array",
                 "run_dir": str(tmp_path / "runs"),
-                "set": ["run.total_env_steps=2048", "run.progress=false"],
+                "set": ["run.total_env_steps=60000", "run.progress=false"],
                 "parameters": {"algorithm.clip_eps": [0.1, 0.2]},
                 "ranks": 2,
                 "parallel": 2,
@@ -282,16 +312,21 @@ def test_a_sweep_runs_as_a_slurm_job_array(tmp_path):
         )
     )
     written = run_command(
-        agentenv_command("slurm", str(sweep), "--gpus", "0", "--mpi", "pmi2", "-o", "array.sh"),
+        agentenv_command("slurm", str(sweep), "--gpus", "0", "-o", "array.sh"),
         timeout=120,
         cwd=tmp_path,
     )
     assert written.returncode == 0, written.stderr
     script = (tmp_path / "array.sh").read_text()
-    assert "#SBATCH --array=0-1%2" in script
+    assert "#SBATCH --array=0-1%2" in script and "--launcher 'srun --mpi=pmi2'" in script
+    folder = tmp_path / "runs" / "array"
+    first = folder / "trials" / "c00-clip_eps=0.1-seed0"
     job = None
     try:
         job = _sbatch(tmp_path / "array.sh", tmp_path)
+        _wait_for_updates(first, f"{job}_0", 15)
+        subprocess.run(["scancel", "--batch", "--signal=USR1", f"{job}_0"], timeout=30, check=True)
+        _release(f"{job}_0")
         deadline = time.monotonic() + 300
         while subprocess.run(
             ["squeue", "-h", "-j", job], capture_output=True, text=True, timeout=30
@@ -300,13 +335,14 @@ def test_a_sweep_runs_as_a_slurm_job_array(tmp_path):
             time.sleep(1)
     finally:
         _cancel(job)
-    folder = tmp_path / "runs" / "array"
+    stops = _starts_and_stops(first)
+    assert [e for e, _ in stops] == ["start", "interrupted", "start", "resume"], stops
     logs = sorted((folder / "logs").glob("slurm-*_*.out"))
     assert [p.name for p in logs] == [f"slurm-{job}_0.out", f"slurm-{job}_1.out"]
     for trial in ("c00-clip_eps=0.1-seed0", "c01-clip_eps=0.2-seed0"):
         summary = json.loads((folder / "trials" / trial / "summary.json").read_text())
         assert summary["topology"].startswith("1 learner + 1 env rank(s)")
-        assert summary["accounting"]["reconciles"]
+        assert summary["env_steps"] >= 60_000 and summary["accounting"]["reconciles"]
         assert "srun --mpi=pmi2" in (folder / "logs" / f"{trial}.log").read_text()
     rows = (folder / "trials.csv").read_text().splitlines()
     assert len(rows) == 3 and all(",finished" in row for row in rows[1:]), rows
