@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import signal
 import sys
+import time
 
 from agentenv_jax import supervisor
 from agentenv_jax.config.errors import ConfigError
@@ -201,6 +202,20 @@ def _is_lead_rank() -> bool:
     return launcher_rank() in (None, "0")
 
 
+# How long the other ranks wait before exiting on an error every rank found, so that the lead's
+# message is out first: Open MPI's mpirun (and srun -K) kill the job at the first non-zero exit.
+_LEAD_SPEAKS_FIRST_S = 2.0
+
+
+def _agreed_error(err: BaseException) -> int:
+    """The exit of a rank on an error every rank sees alike: the lead rank says it once."""
+    if _is_lead_rank():
+        print(f"agentenv: error: {err}", file=sys.stderr, flush=True)
+    else:
+        time.sleep(_LEAD_SPEAKS_FIRST_S)
+    return 2
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     args = _parser().parse_args(argv)
@@ -210,9 +225,7 @@ def main(argv: list[str] | None = None) -> int:
         try:
             under_launcher = launched_by_mpi()
         except ConfigError as err:
-            if _is_lead_rank():
-                print(f"agentenv: error: {err}", file=sys.stderr, flush=True)
-            return 2
+            return _agreed_error(err)
         if under_launcher and not supervisor.is_rank_process():
             return supervisor.supervise(argv)
         supervisor.die_with_supervisor()
@@ -288,10 +301,7 @@ def main(argv: list[str] | None = None) -> int:
         for sig in STOP_SIGNALS:
             signal.signal(sig, signal.SIG_IGN)
     except (ConfigError, EnvError, MeshError, StartupError, CheckpointError, LaunchError) as err:
-        # Every rank sees the same error; one message is enough.
-        if _is_lead_rank():
-            print(f"agentenv: error: {err}", file=sys.stderr, flush=True)
-        return 2
+        return _agreed_error(err)  # every rank sees the same error; one message is enough
     except KeyboardInterrupt:
         return 130
     except (TransportError, NonFiniteError) as err:

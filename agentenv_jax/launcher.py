@@ -56,18 +56,21 @@ def slurm_step(env: Mapping[str, str] | None = None) -> str | None:
     return f"{job}.{step}"
 
 
+# Launchers that say the world size and the rank in variables of their own, checked first:
+# (size variable, rank variable, launcher, how its ranks reach it).
+_OWN_VARIABLES = (
+    ("OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_RANK", "mpirun (Open MPI)", "PMIx"),
+    ("MV2_COMM_WORLD_SIZE", "MV2_COMM_WORLD_RANK", "mpirun_rsh (MVAPICH)", "PMI-1"),
+)
+
+
 def detect_launcher(env: Mapping[str, str] | None = None) -> Launcher:
     """The launcher of the process whose environment is `env` (this one's by default)."""
     env = os.environ if env is None else env
     step = slurm_step(env)
-    if "OMPI_COMM_WORLD_SIZE" in env:
-        return Launcher(
-            "mpirun (Open MPI)",
-            "PMIx",
-            _int(env.get("OMPI_COMM_WORLD_RANK")),
-            _int(env.get("OMPI_COMM_WORLD_SIZE")),
-            step,
-        )
+    for size, rank, name, pmi in _OWN_VARIABLES:
+        if size in env:
+            return Launcher(name, pmi, _int(env.get(rank)), _int(env[size]), step)
     if "HYDI_CONTROL_FD" in env or ("PMI_RANK" in env and step is None):
         return Launcher(
             "mpiexec (Hydra)", "PMI-1", _int(env.get("PMI_RANK")), _int(env.get("PMI_SIZE")), step
@@ -86,14 +89,6 @@ def detect_launcher(env: Mapping[str, str] | None = None) -> Launcher:
         return Launcher("srun", pmi, _int(env.get("SLURM_PROCID")), size, step)
     if "PMIX_RANK" in env:
         return Launcher("a PMIx launcher", "PMIx", _int(env.get("PMIX_RANK")), None, step)
-    if "MV2_COMM_WORLD_SIZE" in env:
-        return Launcher(
-            "mpirun_rsh (MVAPICH)",
-            "PMI-1",
-            _int(env.get("MV2_COMM_WORLD_RANK")),
-            _int(env.get("MV2_COMM_WORLD_SIZE")),
-            step,
-        )
     if "PMI_SIZE" in env:
         return Launcher("a PMI launcher", "PMI-1", _int(env.get("PMI_RANK")), _int(env["PMI_SIZE"]))
     return Launcher("none", "none", None, None)

@@ -29,7 +29,7 @@ import signal
 import subprocess
 import sys
 
-from agentenv_jax.launcher import launcher_rank, slurm_step
+from agentenv_jax.launcher import detect_launcher, launcher_rank
 
 # Set in the child: it is the rank itself, not its supervisor.
 RANK_PROCESS_VARIABLE = "AGENTENV_RANK_PROCESS"
@@ -73,14 +73,20 @@ def supervise(argv: list[str]) -> int:
 
 
 def end_slurm_step() -> None:
-    """Under `srun`, kill every task of this job step now (see the module docstring); elsewhere
-    do nothing. Slurm kills the tasks on every node of the step, this one's supervisor too."""
-    step = slurm_step()
+    """When `srun` started the ranks, kill every task of this job step now (see the module
+    docstring); elsewhere do nothing. Slurm kills the tasks on every node of the step, this
+    one's supervisor too.
+
+    NOTE: only a step whose tasks are the ranks. Under `mpiexec` or `mpirun` inside an
+    allocation the ranks may still carry the Slurm step of the shell they were started from (an
+    interactive `srun --pty bash`, a notebook's step), which is not theirs to end; those
+    launchers end the job themselves."""
+    launcher = detect_launcher()
     scancel = shutil.which("scancel")
-    if step is None or scancel is None:
+    if launcher.name != "srun" or launcher.slurm_step is None or scancel is None:
         return
     subprocess.run(
-        [scancel, "--quiet", "--signal=KILL", step],
+        [scancel, "--quiet", "--signal=KILL", launcher.slurm_step],
         stdin=subprocess.DEVNULL,
         stdout=subprocess.DEVNULL,
         timeout=30,

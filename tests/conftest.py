@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -79,6 +81,58 @@ def wait_for_updates(proc: subprocess.Popen, run_dir: Path, count: int, timeout:
         assert proc.poll() is None, proc.communicate()[1][-3000:]
         assert time.monotonic() < deadline, f"the run wrote fewer than {count} updates"
         time.sleep(0.2)
+
+
+@dataclasses.dataclass(frozen=True)
+class SignalledRank:
+    """What became of a job after one of its ranks was signalled."""
+
+    pid: int  # the rank's process
+    start: dict  # the run's start event
+    stdout: str
+    stderr: str
+    ended_after: float  # seconds from the signal to the end of the job
+
+
+def signal_rank_and_wait(
+    proc: subprocess.Popen,
+    run_dir: Path,
+    rank: int,
+    after_updates: int,
+    signum: int = signal.SIGKILL,
+    timeout: float = 90,
+) -> SignalledRank:
+    """Once the running job has written `after_updates` records, send `signum` to rank `rank`'s
+    process (found in the start event) and wait up to `timeout` s for the job to end. A job
+    still running then is killed, with its group and the signalled rank; one that ended is left
+    as it is, for the caller to check that none of its processes remain."""
+    pid = None
+    try:
+        wait_for_updates(proc, run_dir, after_updates, timeout=180)
+        start = next(e for e in read_events(run_dir) if e["event"] == "start")
+        pid = int(start["processes"][str(rank)]["pid"])
+        os.kill(pid, signum)
+        signalled_at = time.monotonic()
+        stdout, stderr = proc.communicate(timeout=timeout)
+        ended_after = time.monotonic() - signalled_at
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.communicate()
+            if pid is not None:
+                end_rank(pid)
+    return SignalledRank(pid, start, stdout, stderr, ended_after)
+
+
+def end_rank(pid: int) -> None:
+    """Continue and kill a rank process a test stopped, if it is still that process."""
+    try:
+        if "agentenv_jax.cli" not in Path(f"/proc/{pid}/cmdline").read_text():
+            return
+        os.kill(pid, signal.SIGCONT)
+        os.kill(pid, signal.SIGKILL)
+    except (FileNotFoundError, ProcessLookupError):
+        pass  # gone with its job
 
 
 def run_command(

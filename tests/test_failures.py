@@ -3,8 +3,6 @@ checkpoint stays good."""
 
 from __future__ import annotations
 
-import os
-import signal
 import time
 
 import pytest
@@ -16,12 +14,11 @@ from conftest import (
     mpi_launch,
     mpiexec_path,
     processes_with,
-    read_events,
     restorable_checkpoint,
     run_command,
     settings,
+    signal_rank_and_wait,
     start_job,
-    wait_for_updates,
 )
 
 CARTPOLE = str(EXPERIMENTS / "cartpole_ppo.yaml")
@@ -91,20 +88,10 @@ def test_killed_rank_is_named_and_the_checkpoint_restores(tmp_path, killed_rank,
             ),
         ]
     )
-    try:
-        wait_for_updates(proc, run_dir, 12, timeout=120)
-        processes = next(e for e in read_events(run_dir) if e["event"] == "start")["processes"]
-        pid = processes[str(killed_rank)]["pid"]
-        os.kill(pid, signal.SIGKILL)
-        killed_at = time.monotonic()
-        stdout, stderr = proc.communicate(timeout=60)
-        ended_after = time.monotonic() - killed_at
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
+    ended = signal_rank_and_wait(proc, run_dir, killed_rank, after_updates=12, timeout=60)
     assert proc.returncode != 0
-    assert ended_after < 10  # well before the transport timeout
-    named = f"rank {killed_rank} (pid {pid}) was killed by SIGKILL"
-    assert named in stderr, (stdout + stderr)[-3000:]
+    assert ended.ended_after < 10  # well before the transport timeout
+    named = f"rank {killed_rank} (pid {ended.pid}) was killed by SIGKILL"
+    assert named in ended.stderr, (ended.stdout + ended.stderr)[-3000:]
     assert processes_with(str(run_dir)) == []
     assert restorable_checkpoint(run_dir) >= 5

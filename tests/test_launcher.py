@@ -17,6 +17,7 @@ OPEN_MPI = {"OMPI_COMM_WORLD_RANK": "2", "OMPI_COMM_WORLD_SIZE": "3", "PMIX_RANK
 STEP = {"SLURM_JOB_ID": "12", "SLURM_STEP_ID": "0", "SLURM_PROCID": "1", "SLURM_NTASKS": "3"}
 SRUN_PMI2 = STEP | {"SLURM_STEP_NUM_TASKS": "3", "PMI_FD": "13", "PMI_JOBID": "12.0"}
 SRUN_PMI2 |= {"PMI_RANK": "1", "PMI_SIZE": "3"}
+MVAPICH = {"MV2_COMM_WORLD_RANK": "0", "MV2_COMM_WORLD_SIZE": "4", "PMI_RANK": "0", "PMI_SIZE": "4"}
 SRUN_PMIX = STEP | {"SLURM_STEP_NUM_TASKS": "3", "PMIX_RANK": "1"}
 SRUN_NONE = STEP | {"SLURM_STEP_NUM_TASKS": "3"}
 # The batch shell of an sbatch job: a job, but no step.
@@ -34,6 +35,7 @@ BATCH_SHELL = {"SLURM_JOB_ID": "12", "SLURM_PROCID": "0", "SLURM_NTASKS": "3"}
         # mpiexec inside an allocation starts its proxies with srun: Hydra's ranks all the same.
         (HYDRA | STEP | {"SLURM_STEP_NUM_TASKS": "1"}, "mpiexec (Hydra)", "PMI-1", 1, 3, "12.0"),
         (OPEN_MPI | STEP, "mpirun (Open MPI)", "PMIx", 2, 3, "12.0"),
+        (MVAPICH, "mpirun_rsh (MVAPICH)", "PMI-1", 0, 4, None),
     ],
     ids=[
         "hydra",
@@ -43,6 +45,7 @@ BATCH_SHELL = {"SLURM_JOB_ID": "12", "SLURM_PROCID": "0", "SLURM_NTASKS": "3"}
         "srun-none",
         "hydra-in-slurm",
         "ompi-in-slurm",
+        "mvapich",
     ],
 )
 def test_each_launcher_is_recognised(env, name, pmi, rank, size, step):

@@ -22,6 +22,7 @@ from conftest import (
     restorable_checkpoint,
     run_command,
     settings,
+    signal_rank_and_wait,
     start_job,
     wait_for_updates,
 )
@@ -246,19 +247,11 @@ def test_a_killed_second_learner_is_named_and_the_checkpoint_restores(run_dir):
         ),
         extra_env=TWO_HOST_DEVICES,
     )
-    try:
-        wait_for_updates(proc, run, 12, timeout=180)
-        pid = next(e for e in read_events(run) if e["event"] == "start")["processes"]["1"]["pid"]
-        os.kill(pid, signal.SIGKILL)
-        killed_at = time.monotonic()
-        stdout, stderr = proc.communicate(timeout=90)
-        ended_after = time.monotonic() - killed_at
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
+    ended = signal_rank_and_wait(proc, run, 1, after_updates=12)
     assert proc.returncode != 0
-    assert ended_after < 30
-    assert f"rank 1 (pid {pid}) was killed by SIGKILL" in stderr, (stdout + stderr)[-3000:]
+    assert ended.ended_after < 30
+    named = f"rank 1 (pid {ended.pid}) was killed by SIGKILL"
+    assert named in ended.stderr, (ended.stdout + ended.stderr)[-3000:]
     assert restorable_checkpoint(run) >= 5
 
 

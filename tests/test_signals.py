@@ -25,11 +25,13 @@ from conftest import (
     EXPERIMENTS,
     REPO,
     agentenv_command,
+    end_rank,
     mpiexec_path,
     read_events,
     restorable_checkpoint,
     run_command,
     settings,
+    signal_rank_and_wait,
     start_job,
     wait_for_updates,
 )
@@ -83,17 +85,6 @@ def _one_process_run(tmp_path: Path, name: str, *overrides: str):
             *settings(*overrides),
         ]
     )
-
-
-def _end_rank(pid: int) -> None:
-    """Continue and kill a rank process the test stopped, if it is still that process."""
-    try:
-        if "agentenv_jax.cli" not in Path(f"/proc/{pid}/cmdline").read_text():
-            return
-        os.kill(pid, signal.SIGCONT)
-        os.kill(pid, signal.SIGKILL)
-    except (FileNotFoundError, ProcessLookupError):
-        pass  # gone with its job
 
 
 def _assert_stopped_gracefully(run_dir: Path, returncode: int, stderr: str) -> None:
@@ -251,19 +242,9 @@ def test_a_silent_env_rank_is_named_after_the_transport_timeout(tmp_path):
             ),
         ]
     )
-    pid = None
-    try:
-        wait_for_updates(proc, run_dir, 8, timeout=120)
-        start = next(e for e in read_events(run_dir) if e["event"] == "start")
-        pid = start["processes"][str(silent_rank)]["pid"]
-        os.kill(pid, signal.SIGSTOP)
-        stopped_at = time.monotonic()
-        _, stderr = proc.communicate(timeout=60)
-        ended_after = time.monotonic() - stopped_at
-    finally:
-        if pid is not None:
-            _end_rank(pid)
-        _kill_group(proc)
+    ended = signal_rank_and_wait(proc, run_dir, silent_rank, 8, signal.SIGSTOP, timeout=60)
+    end_rank(ended.pid)
+    stderr, ended_after = ended.stderr, ended.ended_after
     assert proc.returncode != 0
     named = (
         "agentenv: error: rank 0: timed out after 10 s waiting for a segment from env "
@@ -306,19 +287,9 @@ def test_a_silent_learner_is_named_by_an_env_rank(tmp_path, experiment, message)
             *(settings("algorithm.log_interval=10") if "sac" in experiment else []),
         ]
     )
-    pid = None
-    try:
-        wait_for_updates(proc, run_dir, 2, timeout=120)
-        start = next(e for e in read_events(run_dir) if e["event"] == "start")
-        pid = start["processes"]["0"]["pid"]
-        os.kill(pid, signal.SIGSTOP)
-        stopped_at = time.monotonic()
-        _, stderr = proc.communicate(timeout=60)
-        ended_after = time.monotonic() - stopped_at
-    finally:
-        if pid is not None:
-            _end_rank(pid)
-        _kill_group(proc)
+    ended = signal_rank_and_wait(proc, run_dir, 0, 2, signal.SIGSTOP, timeout=60)
+    end_rank(ended.pid)
+    stderr, ended_after = ended.stderr, ended.ended_after
     assert proc.returncode != 0
     assert message in stderr and "the learner is silent" in stderr, stderr[-3000:]
     # The wait that ran out may have begun a round before the learner stopped.
