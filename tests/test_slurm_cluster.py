@@ -211,10 +211,10 @@ def _wait_for_updates(run_dir: Path, job: str, count: int, timeout: float = 180)
         time.sleep(0.2)
 
 
-def _release(job: str) -> None:
-    """A requeued job waits (Reason=BeginTime) before it may start again: start it now."""
+def _requeued(job: str) -> None:
+    """Until a requeued job is pending: it starts again once its credential has expired
+    (Reason=BeginTime; AuthInfo=cred_expire, 10 s in .ci/start_slurm)."""
     _wait_for_state(job, ("PENDING",), 60)
-    subprocess.run(["scontrol", "update", f"JobId={job}", "StartTime=now"], timeout=30)
 
 
 def _starts_and_stops(run_dir: Path) -> list[tuple[str, int]]:
@@ -262,7 +262,7 @@ def test_a_generated_sbatch_job_survives_its_time_limit_and_a_preemption(tmp_pat
         _wait_for_updates(run_dir, job, 15)
         # What Slurm does `grace` seconds before the time limit (--signal=B:USR1@grace).
         subprocess.run(["scancel", "--batch", "--signal=USR1", job], timeout=30, check=True)
-        _release(job)
+        _requeued(job)
         _wait_for_updates(run_dir, job, len(read_metrics(run_dir / "metrics.jsonl")) + 15)
         first_stop = [u for e, u in _starts_and_stops(run_dir) if e == "interrupted"]
         assert len(first_stop) == 1, _starts_and_stops(run_dir)
@@ -275,7 +275,7 @@ def test_a_generated_sbatch_job_survives_its_time_limit_and_a_preemption(tmp_pat
         assert json.loads((run_dir / "summary.json").read_text())["interrupted"]
 
         subprocess.run(["scontrol", "requeue", job], timeout=30, check=True)
-        _release(job)
+        _requeued(job)
         assert _wait_for_state(job, ("COMPLETED", "FAILED", "CANCELLED"), 240) == "COMPLETED"
     finally:
         _cancel(job)
@@ -332,7 +332,7 @@ def test_a_sweep_runs_as_a_slurm_job_array(tmp_path):
         job = _sbatch(tmp_path / "array.sh", tmp_path)
         _wait_for_updates(first, f"{job}_0", 15)
         subprocess.run(["scancel", "--batch", "--signal=USR1", f"{job}_0"], timeout=30, check=True)
-        _release(f"{job}_0")
+        _requeued(f"{job}_0")
         # Each task by its own id: the array's listing may miss a task between its requeue
         # and its next start.
         for task in (f"{job}_0", f"{job}_1"):
