@@ -96,10 +96,8 @@ def detect_launcher(env: Mapping[str, str] | None = None) -> Launcher:
 
 def launcher_rank(env: Mapping[str, str] | None = None) -> str | None:
     """This process's rank as the launcher set it, if a launcher started it."""
-    launcher = detect_launcher(env)
-    if not launcher.started_ranks:
-        return None
-    return None if launcher.rank is None else str(launcher.rank)
+    rank = detect_launcher(env).rank  # None without a launcher
+    return None if rank is None else str(rank)
 
 
 class LaunchError(RuntimeError):

@@ -84,9 +84,9 @@ def sbatch_script(job: SlurmJob) -> str:
         ("account", job.account),
         ("signal", f"B:USR1@{job.grace_s}"),
         ("output", f"{job.run_dir}.slurm-%j.out"),
+        # Appended to, not truncated, by each start after a requeue: every start's output stays.
+        ("open-mode", "append"),
     ]
-    # Appended to, not truncated, by each start after a requeue: every start's output stays.
-    common.append(("open-mode", "append"))
     lines = ["#!/bin/bash", *_directives(common), "#SBATCH --requeue"]
     if job.gpus:
         lines += [

@@ -11,6 +11,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -73,14 +74,26 @@ def start_job(
     )
 
 
-def wait_for_updates(proc: subprocess.Popen, run_dir: Path, count: int, timeout: float) -> None:
-    """Block until the running job has written `count` metrics records."""
+def wait_for_records(
+    run_dir: Path, count: int, timeout: float, check_running: Callable[[], None]
+) -> None:
+    """Block until RUN_DIR/metrics.jsonl holds `count` records; between looks,
+    `check_running` asserts that whatever writes them (a process, a Slurm job) still runs."""
     metrics = run_dir / "metrics.jsonl"
     deadline = time.monotonic() + timeout
     while not (metrics.exists() and len(metrics.read_text().splitlines()) >= count):
-        assert proc.poll() is None, proc.communicate()[1][-3000:]
+        check_running()
         assert time.monotonic() < deadline, f"the run wrote fewer than {count} updates"
         time.sleep(0.2)
+
+
+def wait_for_updates(proc: subprocess.Popen, run_dir: Path, count: int, timeout: float) -> None:
+    """Block until the running job has written `count` metrics records."""
+
+    def running() -> None:
+        assert proc.poll() is None, proc.communicate()[1][-3000:]
+
+    wait_for_records(run_dir, count, timeout, running)
 
 
 @dataclasses.dataclass(frozen=True)

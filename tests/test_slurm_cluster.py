@@ -32,6 +32,7 @@ from conftest import (
     settings,
     signal_rank_and_wait,
     start_job,
+    wait_for_records,
 )
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
@@ -200,15 +201,14 @@ def test_srun_without_an_mpi_plugin_is_one_error_not_three_runs(tmp_path):
     assert not any(tmp_path.iterdir())  # no run was started
 
 
-def _wait_for_updates(run_dir: Path, job: str, count: int, timeout: float = 180) -> None:
+def _wait_for_updates(run_dir: Path, job: str, count: int) -> None:
     """Until the job's run has written `count` metrics records in all."""
-    metrics = run_dir / "metrics.jsonl"
-    deadline = time.monotonic() + timeout
-    while not (metrics.exists() and len(metrics.read_text().splitlines()) >= count):
+
+    def running() -> None:
         state = _job_state(job)
-        assert state in ("PENDING", "CONFIGURING", "RUNNING"), state
-        assert time.monotonic() < deadline, f"job {job} wrote fewer than {count} updates"
-        time.sleep(0.2)
+        assert state in ("PENDING", "CONFIGURING", "RUNNING"), f"job {job} is {state}"
+
+    wait_for_records(run_dir, count, 180, running)
 
 
 def _requeued(job: str) -> None:
