@@ -133,20 +133,30 @@ def sbatch_script(job: SlurmJob) -> str:
         f"  ARGS=({shlex.quote(job.config_file)})",
         "fi",
         "",
+        *_run_and_requeue_near_the_limit(f'{launch} {train} "${{ARGS[@]}}"', "TRAIN_PID"),
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def _run_and_requeue_near_the_limit(command: str, pid_variable: str) -> list[str]:
+    """A script's closing lines: COMMAND in the background (its pid in PID_VARIABLE), and the
+    USR1 trap (Slurm's `--signal=B:USR1@grace`) that stops it with a checkpoint and requeues
+    the job. SIGTERM goes to the step's tasks through `scancel`, which spares the batch shell:
+    `srun` would take it as "kill the step now"."""
+    return [
         "# Near the time limit: stop the run with a checkpoint, then requeue this job. SIGTERM",
         "# goes to the step's tasks, not to srun, which would kill them at once.",
         "stop_and_requeue() {",
         '  scancel --signal=TERM "$SLURM_JOB_ID"',
-        '  wait "$TRAIN_PID"',
+        f'  wait "${pid_variable}"',
         '  scontrol requeue "$SLURM_JOB_ID"',
         "}",
         "trap stop_and_requeue USR1",
-        f'{launch} {train} "${{ARGS[@]}}" &',
-        "TRAIN_PID=$!",
-        'wait "$TRAIN_PID"',
-        "",
+        f"{command} &",
+        f"{pid_variable}=$!",
+        f'wait "${pid_variable}"',
     ]
-    return "\n".join(lines)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -211,16 +221,10 @@ def sweep_array_script(job: SweepArrayJob) -> str:
             "",
             "set -u",
             "# This task's trial; it resumes from its checkpoint after a preemption or requeue.",
-            "# Near the time limit: SIGTERM to the trial's tasks (not to srun), then requeue.",
-            "stop_and_requeue() {",
-            '  scancel --signal=TERM "$SLURM_JOB_ID"',
-            '  wait "$SWEEP_PID"',
-            '  scontrol requeue "$SLURM_JOB_ID"',
-            "}",
-            "trap stop_and_requeue USR1",
-            f'{job.sweep_command} --trial "$SLURM_ARRAY_TASK_ID" --launcher {launcher} &',
-            "SWEEP_PID=$!",
-            'wait "$SWEEP_PID"',
+            *_run_and_requeue_near_the_limit(
+                f'{job.sweep_command} --trial "$SLURM_ARRAY_TASK_ID" --launcher {launcher}',
+                "SWEEP_PID",
+            ),
             "",
         ]
     )

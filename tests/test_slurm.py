@@ -142,7 +142,8 @@ def test_a_four_trial_sweep_is_a_job_array_one_trial_per_task():
 
 set -u
 # This task's trial; it resumes from its checkpoint after a preemption or requeue.
-# Near the time limit: SIGTERM to the trial's tasks (not to srun), then requeue.
+# Near the time limit: stop the run with a checkpoint, then requeue this job. SIGTERM
+# goes to the step's tasks, not to srun, which would kill them at once.
 stop_and_requeue() {
   scancel --signal=TERM "$SLURM_JOB_ID"
   wait "$SWEEP_PID"
