@@ -16,6 +16,7 @@ from typing import Literal
 import numpy as np
 
 from agentenv_jax.api import Run
+from agentenv_jax.config.errors import ConfigError
 from agentenv_jax.config.loading import config_to_dict
 
 XAxis = Literal["steps", "time"]
@@ -139,9 +140,10 @@ def plot_runs(
     try:
         import matplotlib
     except ImportError as err:
-        raise ImportError(
-            "agentenv plot needs matplotlib: pip install 'agentenv_jax[plot]'"
-        ) from err
+        # A missing extra is a setup mistake like a bad config: one line, not a traceback.
+        raise ConfigError(
+            f"agentenv plot needs matplotlib ({err}): pip install 'agentenv_jax[plot]'"
+        ) from None
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 

@@ -3,6 +3,8 @@ writes."""
 
 from __future__ import annotations
 
+import sys
+
 import matplotlib.pyplot as plt
 import numpy as np
 import pytest
@@ -80,3 +82,22 @@ def test_plot_writes_pngs_for_one_run_and_for_a_group(runs, tmp_path):
     image = plt.imread(group)
     assert image.shape[:2] == (400, 1500)  # 3 panels
     assert image[..., :3].std() > 0.05  # not a blank page
+
+
+def test_plot_without_matplotlib_is_one_line_and_exit_2(runs, tmp_path):
+    # `import matplotlib` fails as it does where the `plot` extra is not installed.
+    script = (
+        "import sys; sys.modules['matplotlib'] = None; "
+        "from agentenv_jax.cli import main; sys.exit(main(sys.argv[1:]))"
+    )
+    proc = run_command(
+        [sys.executable, "-c", script, "plot", str(runs[0].run_dir), "-o", str(tmp_path / "x.png")],
+        timeout=120,
+        cwd=REPO,
+    )
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    assert proc.stderr.strip().splitlines() == [
+        "agentenv: error: agentenv plot needs matplotlib (import of matplotlib halted; "
+        "None in sys.modules): pip install 'agentenv_jax[plot]'"
+    ]
+    assert not (tmp_path / "x.png").exists()
