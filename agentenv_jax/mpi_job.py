@@ -129,9 +129,8 @@ def run_mpi_job(
                     f"mpiexec -n {ranks} agentenv train ended with exit {job.returncode}:\n"
                     + errors.read()[-3000:]
                 )
-    if config.run.progress:
-        from agentenv_jax.metrics.summary import format_summary
+    from agentenv_jax.metrics.summary import format_summary
 
-        summary = json.loads((run_dir / "summary.json").read_text())
-        print(format_summary(summary), file=output, flush=True)
+    summary = json.loads((run_dir / "summary.json").read_text())
+    print(format_summary(summary), file=output, flush=True)
     return run_dir

@@ -368,7 +368,7 @@ class RunConfig:
     return_window: int = 20  # episodes in the moving mean reported as episode_return_mean
     run_dir: str = "runs"  # parent folder of run directories
     name: str | None = None  # run directory name (None: <env>-<algorithm>-<timestamp>)
-    progress: bool = True  # live progress line on the lead rank
+    progress: bool = True  # live progress line on the lead rank (the summary is printed either way)
     progress_interval_s: float = 5.0  # seconds between progress lines when not on a terminal
     transport_timeout_s: float = 120.0  # learner gives up on a silent env rank (env ranks: 2x)
     tensorboard: bool = False  # also write TensorBoard events to RUN_DIR/tensorboard

@@ -74,8 +74,8 @@ def write_summary(
     if getattr(learner, "inference", None) is not None:
         summary["central_inference"] = learner.inference.report()
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
-    if learner.config.run.progress:
-        print(format_summary(summary), file=sys.stderr, flush=True)
+    # Printed whatever `run.progress` says: that setting turns off only the live progress line.
+    print(format_summary(summary), file=sys.stderr, flush=True)
     return summary
 
 
