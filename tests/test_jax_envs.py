@@ -247,7 +247,7 @@ def test_bad_input_is_one_clear_error_before_anything_is_written(case, run_dir):
 def test_without_gymnax_the_error_says_what_to_install(run_dir, monkeypatch):
     monkeypatch.setitem(sys.modules, "gymnax", None)  # `import gymnax` now raises ImportError
     config = load_config(CARTPOLE_JAX, [f"run.run_dir={run_dir}", "run.name=bad"])
-    with pytest.raises(ConfigError, match=r"needs gymnax, .* pip install 'agentenv_jax\[jax_envs"):
+    with pytest.raises(ConfigError, match=r"needs gymnax, .* pip install 'agentenv_jax\[jax-envs"):
         train(config)
 
 

@@ -25,7 +25,7 @@ from agentenv_jax.config.errors import ConfigError
 from agentenv_jax.config.schema import EnvConfig
 from agentenv_jax.envs.spaces import EnvError, EnvSpaces, describe_spaces
 
-INSTALL_HINT = "pip install 'agentenv_jax[jax_envs]'"
+INSTALL_HINT = "pip install 'agentenv_jax[jax-envs]'"
 
 
 @flax.struct.dataclass

@@ -3,7 +3,7 @@
 * `agentenv_jax/Navigation-v0`: cooperative navigation (`navigation.NavigationVectorEnv`);
 * `agentenv_jax/PredatorPrey-v0`: predators and prey (`predator_prey.PredatorPreyVectorEnv`);
 * `pettingzoo/<module>`: `<module>.parallel_env(**env.kwargs)` of any PettingZoo parallel env,
-  e.g. `pettingzoo/mpe2.simple_spread_v3` (`pip install 'agentenv_jax[multi_agent]'`).
+  e.g. `pettingzoo/mpe2.simple_spread_v3` (`pip install 'agentenv_jax[multi-agent]'`).
 
 `env.kwargs` go to the env's constructor; `env.max_episode_steps` overrides its horizon.
 """
@@ -63,7 +63,7 @@ def make_multi_agent_env(
     except ImportError as err:
         raise EnvError(
             f"env.id = {env_id!r}: cannot import {module_name!r} ({err}); PettingZoo envs "
-            "need their package, e.g. pip install 'agentenv_jax[multi_agent]' for mpe2"
+            "need their package, e.g. pip install 'agentenv_jax[multi-agent]' for mpe2"
         ) from None
     if not callable(getattr(module, "parallel_env", None)):
         raise EnvError(f"env.id = {env_id!r}: {module_name!r} has no parallel_env()")
