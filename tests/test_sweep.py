@@ -10,6 +10,7 @@ import signal
 import subprocess
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -18,7 +19,8 @@ import yaml
 import agentenv_jax as ae
 from agentenv_jax.config.errors import ConfigError
 from agentenv_jax.config.experiments import shipped_sweeps
-from agentenv_jax.sweeps.results import interquartile_means
+from agentenv_jax.sweeps.results import interquartile_means, trial_folder
+from agentenv_jax.sweeps.runner import SweepRunner, _Running, progress_heads
 from agentenv_jax.sweeps.spec import check_trials, expand, read_sweep
 
 from conftest import agentenv_command, run_command, settings, start_job
@@ -108,6 +110,38 @@ def test_interquartile_mean_and_its_bootstrap_interval():
     assert 1.0 <= low <= iqm <= high <= 100.0 and low < high
     assert estimates[1] == pytest.approx((5.0, 5.0, 5.0))
     assert interquartile_means({0: [1.0, 2.0, 3.0, 100.0]})[0] == estimates[0]  # fixed state
+
+
+def test_progress_counts_each_trial_that_ends_once_with_its_own_count():
+    both = {"a": "finished", "b": "finished"}
+    assert progress_heads(both, ["a", "b"]) == ["[1/2 done]", "[2/2 done]"]
+    # One finished earlier, one failed, one ended now and one whose summary is already on disk
+    # but whose process has not exited yet (reported at a later poll, with its own count).
+    statuses = {"a": "finished", "b": "incomplete", "c": "finished", "d": "finished"}
+    assert progress_heads(statuses, ["b", "c"], running=["d"]) == ["[1/4 done]", "[2/4 done]"]
+    assert progress_heads(statuses, ["d"]) == ["[3/4 done]"]
+
+
+def test_the_runner_reports_two_trials_ending_in_one_poll_each_once(tmp_path):
+    """Two trials whose processes ended between two polls: the runner says [1/2 done] for the
+    first and [2/2 done] for the second (it said [2/2 done] twice)."""
+    spec = read_sweep(_sweep_file(tmp_path, name="two", seeds=2))
+    trials = expand(spec)
+    said: list[str] = []
+    runner = SweepRunner(spec, trials, say=said.append)
+    ended = []
+    for trial in trials:
+        folder = trial_folder(spec, trial)
+        folder.mkdir(parents=True)
+        summary = {"interrupted": False, "episode_return_mean": 100.0 + trial.seed}
+        (folder / "summary.json").write_text(json.dumps(summary | {"compile_s": 1.0}))
+        process = SimpleNamespace(returncode=0, poll=lambda: 0)
+        log = open(tmp_path / f"{trial.name}.log", "w")  # noqa: SIM115 (the runner closes it)
+        ended.append(_Running(trial, process, log, time.perf_counter()))
+    runner._finished(ended)
+    assert [line.split(" finished ")[0] for line in said] == ["[1/2 done]", "[2/2 done]"]
+    assert [line.split(" finished ")[1].split(":")[0] for line in said] == [t.name for t in trials]
+    assert all(r.log.closed for r in ended) and not runner.failed
 
 
 def _read_csv(path: Path) -> list[dict[str, str]]:

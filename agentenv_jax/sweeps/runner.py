@@ -15,7 +15,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from pathlib import Path
 from typing import IO
 
@@ -99,6 +99,25 @@ def trial_command(spec: SweepSpec, trial: Trial, launcher: Sequence[str] = ()) -
     return [mpiexec, "-n", str(spec.ranks), *command]
 
 
+def progress_heads(
+    statuses: Mapping[str, str], ended: Sequence[str], running: Collection[str] = ()
+) -> list[str]:
+    """The `[done/total done]` head of each trial in `ended`, the trials one poll found ended,
+    in the order they are reported. `statuses` maps every trial of the sweep to its status on
+    disk, where all of `ended` already show theirs, and so may trials still `running` (a run
+    writes its summary before its process exits): counting every finished status would give
+    two trials ending in one poll the same count. So the trials finished before (here, or in
+    another array task) count first, then each finished trial of `ended` in turn ([1/2 done],
+    then [2/2 done]), and a running one only when its own end is reported."""
+    later = {*ended, *running}
+    done = sum(status == "finished" for name, status in statuses.items() if name not in later)
+    heads = []
+    for name in ended:
+        done += statuses[name] == "finished"
+        heads.append(f"[{done}/{len(statuses)} done]")
+    return heads
+
+
 @dataclasses.dataclass
 class _Running:
     trial: Trial
@@ -148,14 +167,23 @@ class SweepRunner:
         self.say(f"{verb} trial {trial.index + 1} of {len(self.trials)}: {trial.name}")
         return _Running(trial, process, log, time.perf_counter())
 
-    def _finished(self, running: _Running) -> None:
-        running.log.close()
+    def _finished(self, ended: Sequence[_Running], running: Sequence[_Running] = ()) -> None:
+        """Report the trials whose processes one poll found ended, in order, after rewriting the
+        tables once; `running` are those still running."""
+        for r in ended:
+            r.log.close()
+        rows, _ = write_results(self.spec, self.trials)
+        statuses = {row["trial"]: row["status"] for row in rows}
+        names = [r.trial.name for r in ended]
+        heads = progress_heads(statuses, names, [r.trial.name for r in running])
+        for running, head in zip(ended, heads, strict=True):
+            self._say_ended(running, head)
+
+    def _say_ended(self, running: _Running, head: str) -> None:
         trial = running.trial
         row = trial_row(self.spec, trial)
         status = row["status"]
         took = time.perf_counter() - running.started
-        rows, _ = write_results(self.spec, self.trials)
-        head = f"[{sum(r['status'] == 'finished' for r in rows)}/{len(rows)} done]"
         if status == "finished":
             self.say(
                 f"{head} finished {trial.name}: {self.spec.metric} {row[self.spec.metric]:.4g}, "
@@ -194,9 +222,10 @@ class SweepRunner:
                     for r in running:
                         if r.process.poll() is None:
                             r.process.send_signal(signal.SIGTERM)
-                for r in [r for r in running if r.process.poll() is not None]:
-                    running.remove(r)
-                    self._finished(r)
+                ended = [r for r in running if r.process.poll() is not None]
+                if ended:
+                    running = [r for r in running if r not in ended]
+                    self._finished(ended, running)
                 time.sleep(_POLL_S)
         finally:
             for sig, handler in handlers.items():
