@@ -17,6 +17,7 @@ import traceback
 from pathlib import Path
 from typing import Any
 
+from agentenv_jax.checkpoint.run_folder import RunFolderLock, lock_run_folder
 from agentenv_jax.config.errors import ConfigError
 from agentenv_jax.config.loading import config_to_dict, save_config
 from agentenv_jax.config.schema import ExperimentConfig
@@ -114,19 +115,29 @@ def check_run_dir(config: ExperimentConfig, resume: bool) -> None:
         )
 
 
+# The run folder this process trains into, locked from the learner's checks to the end of
+# `train` (the lead learner's process holds it).
+_run_folder_locks: list[RunFolderLock] = []
+
+
 def _prepare_learner(
-    config: ExperimentConfig, resume: bool
+    config: ExperimentConfig, resume: bool, lead: bool = True
 ) -> tuple[ExperimentConfig, tuple[int, int] | None]:
-    """The learner's checks before anything is written: the run folder is free (a new run) or
-    resumable with this config (a resume). Returns the config with its run name decided and,
-    for a resume, the saved replay set to load back."""
+    """The learner's checks before anything is written: no other job uses the run folder (the
+    lead takes its lock), which is free (a new run) or resumable with this config (a resume).
+    Returns the config with its run name decided and, for a resume, the saved replay set to load
+    back."""
     from agentenv_jax.learner.session import check_resumable
     from agentenv_jax.metrics.logger import require_tensorboard_writer
 
     if config.run.tensorboard:
         require_tensorboard_writer()
-    check_run_dir(config, resume)
     config = with_run_name(config)
+    if lead:
+        path = Path(config.run.run_dir) / str(config.run.name)
+        if not resume or path.is_dir():  # a resume of no folder is refused below
+            _run_folder_locks.append(lock_run_folder(path))
+    check_run_dir(config, resume)
     if not resume:
         return config, None
     check_resumable(config, _run_dir(config))
@@ -337,7 +348,7 @@ def run_mpi(config: ExperimentConfig, resume: bool = False) -> TrainResult:
             if group is not None:
                 _start_jax_runtime(config, group)
             num_devices = learner_devices(config, topology.num_learner_ranks)
-            config, replay_source = _prepare_learner(config, resume)
+            config, replay_source = _prepare_learner(config, resume, lead)
     except Exception as err:
         error = _describe(err)
     outcomes = world.allgather(
@@ -504,14 +515,19 @@ def train(config: ExperimentConfig, resume: bool = False) -> TrainResult:
     `env.backend: jax` always in one process.
 
     With `resume`, the learner continues from the newest checkpoint in the config's run
-    directory (counters, metrics file and all)."""
-    if config.env.backend == "jax":
+    directory (counters, metrics file and all). No other job may be training into that
+    directory meanwhile (`checkpoint.run_folder`)."""
+    try:
+        if config.env.backend == "jax":
+            if launched_by_mpi():
+                _require_one_rank_for_jax_envs()
+            return run_jax_backend(config, resume)
         if launched_by_mpi():
-            _require_one_rank_for_jax_envs()
-        return run_jax_backend(config, resume)
-    if launched_by_mpi():
-        return run_mpi(config, resume)
-    return run_single_process(config, resume)
+            return run_mpi(config, resume)
+        return run_single_process(config, resume)
+    finally:
+        while _run_folder_locks:
+            _run_folder_locks.pop().release()
 
 
 def abort_job(exit_code: int) -> None:

@@ -18,6 +18,7 @@ import jax
 import numpy as np
 
 from agentenv_jax.checkpoint import replay_files
+from agentenv_jax.checkpoint.run_folder import cut_records_after
 from agentenv_jax.checkpoint.store import CheckpointError, CheckpointStore
 from agentenv_jax.config.loading import config_to_dict, with_defaults
 from agentenv_jax.config.schema import ExperimentConfig
@@ -129,11 +130,14 @@ class LearnerSession:
         self._previous_handlers: dict[int, Any] = {}
         self._last_saved_update = -1
         self._resumed = resume
+        self._records_cut = 0
         if resume:
             check_compatible(self.store.read_meta()["config"], config, self.store.directory)
             state, meta = self.store.restore(learner.state)
             learner.restore(state, meta["learner"])
             self._last_saved_update = learner.updates
+            if self._group.index == 0:  # the writer of the records
+                self._records_cut = cut_records_after(self._run_dir, learner.updates)
 
     def _event(self, kind: str, **fields: Any) -> None:
         """One line in RUN_DIR/events.jsonl: resumes, checkpoints, interruptions."""
@@ -156,7 +160,13 @@ class LearnerSession:
             runtime=runtime or {},
         )
         if self._resumed:
-            self._event("resume", state_checksum=state_checksum(self.learner.state))
+            # `records_cut`: updates the session before had recorded past its last checkpoint,
+            # which this one trains again (one record per update stays in metrics.jsonl).
+            self._event(
+                "resume",
+                state_checksum=state_checksum(self.learner.state),
+                records_cut=self._records_cut,
+            )
 
     def _on_signal(self, signum: int, frame: Any) -> None:
         # One request can arrive twice: from the rank's supervisor and, under Slurm, which
