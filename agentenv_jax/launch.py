@@ -541,17 +541,34 @@ def abort_job(exit_code: int) -> None:
         world.abort(exit_code)
 
 
+# How long a learner whose collective failed waits for the launcher to end the job before it
+# says so itself: a dead peer's supervisor names it and the launcher ends the job within a
+# second or two (docs/cluster.md).
+_COLLECTIVE_FAILURE_GRACE_S = 10.0
+
+
 def abort_on_unexpected_error(exc: BaseException) -> None:
     """Under MPI, an unexpected error on one rank must not leave the others waiting: print it
-    with the rank and abort the whole job."""
+    with the rank and abort the whole job.
+
+    A failed cross-process collective is the echo of a peer learner that ended, which its
+    supervisor reports in one line: this rank waits quietly for the launcher to end the job,
+    and only if it goes on says in one line what failed."""
     if not launched_by_mpi():
         return
+    from agentenv_jax.parallel.distributed import is_collective_failure
     from agentenv_jax.transport.mpi import MPIWorld
 
     world = MPIWorld()
     if world.size > 1:
-        text = "".join(traceback.format_exception(exc))
-        print(f"[rank {world.rank}] {text}", file=sys.stderr, flush=True)
+        if is_collective_failure(exc):
+            time.sleep(_COLLECTIVE_FAILURE_GRACE_S)
+            first_line = str(exc).strip().splitlines()[0]
+            text = f"agentenv: error: rank {world.rank}: a collective between learners failed: "
+            print(text + first_line, file=sys.stderr, flush=True)
+        else:
+            text = "".join(traceback.format_exception(exc))
+            print(f"[rank {world.rank}] {text}", file=sys.stderr, flush=True)
         world.abort(1)
 
 

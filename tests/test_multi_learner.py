@@ -237,6 +237,20 @@ def test_two_learner_start_up_errors_stop_every_rank_with_one_message(
     assert not (run_dir / "refused").exists()
 
 
+def test_a_failed_gloo_collective_is_told_from_other_errors():
+    """What learner 0 sees when learner 1's process ends mid-collective (see the next test)."""
+    import jax
+
+    from agentenv_jax.parallel.distributed import is_collective_failure
+
+    reset = "INTERNAL: Gloo all-reduce failed: [pair.cc:534] Read error: Connection reset by peer"
+    assert is_collective_failure(jax.errors.JaxRuntimeError(reset))
+    assert not is_collective_failure(
+        jax.errors.JaxRuntimeError("RESOURCE_EXHAUSTED: out of memory")
+    )
+    assert not is_collective_failure(RuntimeError(reset))  # not from XLA's runtime
+
+
 @pytest.mark.slow
 def test_a_killed_second_learner_is_named_and_the_checkpoint_restores(run_dir):
     """SIGKILL learner 1 of two mid-run: its rank is named and every rank stops within seconds
@@ -262,6 +276,9 @@ def test_a_killed_second_learner_is_named_and_the_checkpoint_restores(run_dir):
     assert ended.ended_after < 30
     named = f"rank 1 (pid {ended.pid}) was killed by SIGKILL"
     assert named in ended.stderr, (ended.stdout + ended.stderr)[-3000:]
+    # Learner 0's collective failing with it is a consequence, not a second error to show.
+    assert "Traceback" not in ended.stderr, ended.stderr[-3000:]
+    assert ended.stderr.count("agentenv: error:") == 1, ended.stderr[-3000:]
     assert restorable_checkpoint(run) >= 5
 
 

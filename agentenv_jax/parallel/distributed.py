@@ -42,3 +42,12 @@ def start_distributed(
             f"could not join the coordinator at {coordinator} within {timeout_s:.0f} s "
             f"(run.transport_timeout_s): {type(err).__name__}: {first_line[:300]}"
         ) from err
+
+
+def is_collective_failure(err: BaseException) -> bool:
+    """Whether `err` is a cross-process collective that failed: on CPU a gloo error (`Gloo
+    all-reduce failed ... Connection reset by peer` when a peer learner's process ended). It
+    comes from XLA's runtime as a `JaxRuntimeError` (`XlaRuntimeError` before)."""
+    return (
+        type(err).__name__ in ("JaxRuntimeError", "XlaRuntimeError") and "gloo" in str(err).lower()
+    )
