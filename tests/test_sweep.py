@@ -6,6 +6,7 @@ from __future__ import annotations
 import csv
 import json
 import os
+import shutil
 import signal
 import subprocess
 import time
@@ -19,11 +20,17 @@ import yaml
 import agentenv_jax as ae
 from agentenv_jax.config.errors import ConfigError
 from agentenv_jax.config.experiments import shipped_sweeps
-from agentenv_jax.sweeps.results import interquartile_means, trial_folder
-from agentenv_jax.sweeps.runner import SweepRunner, _Running, progress_heads
+from agentenv_jax.sweeps.results import (
+    interquartile_means,
+    sessions_file,
+    trial_folder,
+    trial_row,
+    whole_trial_timing,
+)
+from agentenv_jax.sweeps.runner import SweepRunner, _Running, progress_heads, trial_command
 from agentenv_jax.sweeps.spec import check_trials, expand, read_sweep
 
-from conftest import agentenv_command, run_command, settings, start_job
+from conftest import agentenv_command, run_command, settings, start_job, wait_for_updates
 
 TRIAL_BUDGET = ["run.total_env_steps=1024", "run.progress=false", "env.global_num_envs=4"]
 
@@ -142,6 +149,81 @@ def test_the_runner_reports_two_trials_ending_in_one_poll_each_once(tmp_path):
     assert [line.split(" finished ")[0] for line in said] == ["[1/2 done]", "[2/2 done]"]
     assert [line.split(" finished ")[1].split(":")[0] for line in said] == [t.name for t in trials]
     assert all(r.log.closed for r in ended) and not runner.failed
+
+
+def _session(folder: Path, started: float, ended: float, summary: dict | None = None) -> None:
+    """One session of a hand-made run folder: its start event at `started`, a checkpoint at
+    `ended`, and, if given, the summary.json it wrote when it ended."""
+    with open(folder / "events.jsonl", "a") as f:
+        f.write(json.dumps({"event": "start", "time": started, "update": 0}) + "\n")
+        f.write(json.dumps({"event": "checkpoint", "time": ended, "update": 4}) + "\n")
+    if summary is not None:
+        path = folder / "summary.json"
+        path.write_text(json.dumps({"episode_return_mean": 50.0, "compile_s": 1.0} | summary))
+        os.utime(path, (ended + 1, ended + 1))
+
+
+def test_a_resumed_trial_times_all_its_sessions(tmp_path):
+    """A trial stopped with a checkpoint (10 s), resumed and killed outright after a checkpoint
+    (no summary: 3 s from its start event to its last checkpoint), then resumed to the end (5 s):
+    its wall time is the three sessions' and its rate its env steps over them. It used to be the
+    last session's alone."""
+    spec = read_sweep(_sweep_file(tmp_path, name="resumed"))
+    (trial,) = expand(spec)
+    folder = trial_folder(spec, trial)
+    (folder / "checkpoints" / "4").mkdir(parents=True)
+    first = {"interrupted": True, "wall_s": 10.0, "env_steps": 1000, "steps_per_s": 100.0}
+    _session(folder, 1000.0, 1009.0, first)
+    assert trial_command(spec, trial)[-2:] == ["--resume", str(folder)]
+    assert trial_command(spec, trial)[-2:] == ["--resume", str(folder)]  # kept once
+    _session(folder, 2000.0, 2003.0)  # killed: the summary is still the first session's
+    trial_command(spec, trial)
+    last = {"interrupted": False, "wall_s": 5.0, "env_steps": 3000, "steps_per_s": 400.0}
+    _session(folder, 3000.0, 3004.0, last)
+    kept = [json.loads(line) for line in sessions_file(spec, trial).read_text().splitlines()]
+    assert kept == [
+        {"started": 1000.0, "wall_s": 10.0, "estimated": False},
+        {"started": 2000.0, "wall_s": 3.0, "estimated": True},
+    ]
+    row = trial_row(spec, trial)
+    assert row["status"] == "finished"
+    assert row["wall_s"] == pytest.approx(18.0)
+    assert row["steps_per_s"] == pytest.approx(3000 / 18.0)
+    assert row["env_steps"] == 3000 and row["compile_s"] == 1.0
+    # A trial that ran in one session keeps its summary's figures exactly.
+    assert whole_trial_timing(last, []) == {"wall_s": 5.0, "steps_per_s": 400.0}
+    # Started again from scratch (no checkpoint left), its kept sessions go with its folder.
+    shutil.rmtree(folder / "checkpoints")
+    trial_command(spec, trial)
+    assert not folder.exists() and not sessions_file(spec, trial).exists()
+
+
+@pytest.mark.slow
+def test_a_trial_stopped_and_resumed_by_the_sweep_times_both_sessions(tmp_path):
+    """SIGTERM the sweep mid-trial (the trial checkpoints and writes its summary), run it
+    again: the trial resumes, and trials.csv's wall time is both sessions' (the first one's
+    summary, read before the resume replaced it, plus the last one's)."""
+    budget = ["run.total_env_steps=20000", "run.progress=false", "env.global_num_envs=4"]
+    path = _sweep_file(tmp_path, name="stop", set=budget)
+    folder = tmp_path / "runs" / "stop"
+    trial = folder / "trials" / "c00-seed0"
+    sweep = start_job(agentenv_command("sweep", str(path)), cwd=tmp_path)
+    wait_for_updates(sweep, trial, 2, timeout=180)
+    sweep.send_signal(signal.SIGTERM)
+    assert sweep.wait(timeout=120) == 130, sweep.communicate()
+    first = json.loads((trial / "summary.json").read_text())
+    assert first["interrupted"] and first["env_steps"] < 20000, "stop the trial mid-way"
+
+    resumed = run_command(agentenv_command("sweep", str(path)), timeout=300, cwd=tmp_path)
+    assert resumed.returncode == 0, resumed.stdout + resumed.stderr
+    assert "resumed trial 1 of 1" in resumed.stdout
+    last = json.loads((trial / "summary.json").read_text())
+    (row,) = _read_csv(folder / "trials.csv")
+    assert row["status"] == "finished"
+    assert float(row["wall_s"]) == pytest.approx(first["wall_s"] + last["wall_s"])
+    assert float(row["steps_per_s"]) == pytest.approx(
+        last["env_steps"] / (first["wall_s"] + last["wall_s"])
+    )
 
 
 def _read_csv(path: Path) -> list[dict[str, str]]:
@@ -305,3 +387,38 @@ def test_a_sweep_begun_before_a_setting_existed_still_resumes(tmp_path):
     record.write_text(yaml.safe_dump(earlier, sort_keys=False))
     with pytest.raises(ConfigError, match="holds a sweep whose base_config differs"):
         prepare(spec)
+
+
+def _alias_bomb_lines(levels: int, indent: str) -> str:
+    """A "billion laughs": `a{i}` is nine aliases of `a{i-1}`, so the last stands for
+    9**levels strings in a few lines."""
+    lines = [f"{indent}a0: &a0 [{', '.join(['lol'] * 9)}]"]
+    lines += [f"{indent}a{i}: &a{i} [{', '.join([f'*a{i - 1}'] * 9)}]" for i in range(1, levels)]
+    return "\n".join(lines) + "\n"
+
+
+def test_an_alias_bomb_in_a_sweep_file_or_its_record_is_refused(tmp_path):
+    path = tmp_path / "bomb.yaml"
+    path.write_text(
+        "base: cartpole_ppo\nparameters:\n  env.kwargs:\n    - bomb:\n"
+        + _alias_bomb_lines(9, indent="        ")
+    )
+    with pytest.raises(ConfigError, match=r"sweep file '.*bomb.yaml', line 12: aliases .* at most"):
+        read_sweep(path)
+    folder = tmp_path / "sweep"
+    folder.mkdir()
+    (folder / "trials.csv").write_text("trial,config,status\n")
+    (folder / "configs.csv").write_text("config\n")
+    (folder / "sweep.yaml").write_text("metric: episode_return_mean\n" + _alias_bomb_lines(9, ""))
+    with pytest.raises(ConfigError, match=r"sweep record '.*sweep.yaml', line 9: aliases"):
+        ae.load_sweep(folder)
+    (folder / "sweep.yaml").write_text("metric: episode_return_mean\nname: sweep\n")
+    assert ae.load_sweep(folder).metric == "episode_return_mean"
+
+
+@pytest.mark.timeout(30, method="signal")  # blocking on the FIFO fails the test, not the run
+def test_a_sweep_file_that_is_a_fifo_is_named_for_what_it_is(tmp_path):
+    path = tmp_path / "pipe.yaml"
+    os.mkfifo(path)  # nothing writes to it: reading it would wait for ever
+    with pytest.raises(ConfigError, match=r"sweep file '.*pipe.yaml' is a FIFO, not a regular"):
+        read_sweep(path)

@@ -1,7 +1,11 @@
 """A sweep's results tables, read from its trials' run folders.
 
 `trials.csv` has one row per trial: its parameters and seed, whether it finished, the metric
-at its end, steps/s, wall time and compile time (from the run's `summary.json`). `configs.csv`
+at its end, steps/s, wall time and compile time (from the run's `summary.json`). A trial that
+was stopped and resumed ran in several sessions, and each session's `summary.json` replaces the
+one before: the sweep keeps each earlier session's wall time in `sessions/TRIAL.jsonl` when it
+resumes the trial, so the trial's `wall_s` is its sessions' summed and its `steps_per_s` its env
+steps over that time (its compile time stays its last session's). `configs.csv`
 has one row per config, over its finished seeds: the interquartile mean of the metric with a
 95% stratified-bootstrap confidence interval (rliable), mean steps/s, wall and compile time,
 sorted best first. `results.md` holds both as Markdown tables.
@@ -49,6 +53,70 @@ def trial_status(folder: Path) -> str:
     return "incomplete" if folder.exists() else "pending"
 
 
+def sessions_file(spec: SweepSpec, trial: Trial) -> Path:
+    """The trial's earlier sessions, one JSON line each (`keep_newest_session`)."""
+    return spec.folder / "sessions" / f"{trial.name}.jsonl"
+
+
+def _read_jsonl(path: Path) -> list[dict[str, Any]]:
+    """The records of a JSON-lines file (none if it is missing); a torn last line (a process
+    killed mid-write) is left out."""
+    if not path.is_file():
+        return []
+    records = []
+    for line in path.read_text().splitlines():
+        try:
+            records.append(json.loads(line))
+        except ValueError:
+            continue
+    return records
+
+
+def newest_session(folder: Path) -> dict[str, Any] | None:
+    """The run's newest session, as `keep_newest_session` keeps it: `started`, the time of its
+    start event in events.jsonl (which names it), and `wall_s`, from its summary.json. A session
+    that ended without writing one (killed outright) counts from its start event to its last
+    event (a checkpoint), marked `estimated`: summary.json is then an earlier session's, older
+    than the start. None before the run's first start."""
+    events = _read_jsonl(folder / "events.jsonl")
+    starts = [i for i, event in enumerate(events) if event.get("event") == "start"]
+    if not starts:
+        return None
+    session = events[starts[-1] :]
+    started = float(session[0]["time"])
+    summary = folder / "summary.json"
+    if summary.is_file() and summary.stat().st_mtime >= started:
+        wall_s = float(json.loads(summary.read_text())["wall_s"])
+        return {"started": started, "wall_s": wall_s, "estimated": False}
+    return {"started": started, "wall_s": float(session[-1]["time"]) - started, "estimated": True}
+
+
+def keep_newest_session(spec: SweepSpec, trial: Trial) -> None:
+    """Before the trial resumes, add its newest session to `sessions_file` (the resumed
+    session's summary.json replaces that session's), unless it is there already (a resume that
+    failed before it started)."""
+    session = newest_session(trial_folder(spec, trial))
+    path = sessions_file(spec, trial)
+    if session is None or session["started"] in {s["started"] for s in _read_jsonl(path)}:
+        return
+    path.parent.mkdir(exist_ok=True)
+    with open(path, "a") as f:
+        f.write(json.dumps(session) + "\n")
+
+
+def whole_trial_timing(
+    summary: dict[str, Any], earlier: Sequence[dict[str, Any]]
+) -> dict[str, float]:
+    """`wall_s` and `steps_per_s` of a whole trial: its last session's `summary` (summary.json)
+    with its `earlier` sessions (each with `wall_s`). The wall times add up; the rate is the
+    trial's env steps over them, so steps trained again after a session died past its last
+    checkpoint count as time lost. With no earlier session, the summary's own figures."""
+    if not earlier:
+        return {"wall_s": summary["wall_s"], "steps_per_s": summary["steps_per_s"]}
+    wall_s = float(summary["wall_s"]) + sum(float(s["wall_s"]) for s in earlier)
+    return {"wall_s": wall_s, "steps_per_s": summary["env_steps"] / max(wall_s, 1e-9)}
+
+
 def _metric(folder: Path, summary: dict[str, Any], metric: str) -> float:
     """The metric at the trial's end: its summary's value, else its last record's."""
     if metric in summary:
@@ -74,6 +142,15 @@ def trial_row(spec: SweepSpec, trial: Trial) -> dict[str, Any]:
         summary = json.loads((folder / "summary.json").read_text())
         row[spec.metric] = _metric(folder, summary, spec.metric)
         row |= {key: summary.get(key) for key in _TIMING_COLUMNS}
+        # The newest session is the summary's own; the kept ones are those before it.
+        newest = newest_session(folder)
+        earlier = [
+            s
+            for s in _read_jsonl(sessions_file(spec, trial))
+            if newest is None or s["started"] < newest["started"]
+        ]
+        if earlier:
+            row |= whole_trial_timing(summary, earlier)
     return row
 
 

@@ -26,7 +26,9 @@ from agentenv_jax.config.loading import with_defaults
 from agentenv_jax.mpi_job import environment_without_launcher, find_mpiexec
 from agentenv_jax.supervisor import signal_when_parent_dies
 from agentenv_jax.sweeps.results import (
+    keep_newest_session,
     require_statistics,
+    sessions_file,
     trial_folder,
     trial_row,
     trial_status,
@@ -70,16 +72,19 @@ def prepare(spec: SweepSpec) -> list[Trial]:
 
 
 def trial_command(spec: SweepSpec, trial: Trial, launcher: Sequence[str] = ()) -> list[str]:
-    """The trial's `agentenv train` command, resuming its run if it has a checkpoint. With
-    `ranks` > 1 it runs under `launcher` (`srun ...` in a Slurm allocation), by default
-    `mpiexec -n RANKS`."""
+    """The trial's `agentenv train` command, resuming its run if it has a checkpoint (after
+    keeping the wall time of the session it resumes, whose summary the new one replaces), else
+    starting it afresh. With `ranks` > 1 it runs under `launcher` (`srun ...` in a Slurm
+    allocation), by default `mpiexec -n RANKS`."""
     folder = trial_folder(spec, trial)
     checkpoints = folder / "checkpoints"
     if checkpoints.is_dir() and any(p.name.isdigit() for p in checkpoints.iterdir()):
+        keep_newest_session(spec, trial)
         train = ["train", "--resume", str(folder)]
     else:
         if folder.exists():  # killed before its first checkpoint: nothing to continue
             shutil.rmtree(folder)
+        sessions_file(spec, trial).unlink(missing_ok=True)  # those of the run just removed
         settings = [
             *spec.overrides,
             *trial.overrides(),
