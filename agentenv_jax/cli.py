@@ -230,13 +230,21 @@ def main(argv: list[str] | None = None) -> int:
             return supervisor.supervise(argv)
         supervisor.die_with_supervisor()
     if args.command == "list":
-        from agentenv_jax.config.experiments import describe, shipped_experiments, shipped_sweeps
+        import shutil
 
-        for name, path in shipped_experiments().items():
-            print(f"{name:<20} {describe(path)}")
+        from agentenv_jax.config.experiments import (
+            describe,
+            format_listing,
+            shipped_experiments,
+            shipped_sweeps,
+        )
+
+        width = shutil.get_terminal_size((100, 24)).columns  # 100 when not a terminal
+        experiments = {name: describe(path) for name, path in shipped_experiments().items()}
+        print("\n".join(format_listing(experiments, width)))
         print("\nsweeps (agentenv sweep NAME):")
-        for name, path in shipped_sweeps().items():
-            print(f"{name:<20} {describe(path)}")
+        sweeps = {name: describe(path) for name, path in shipped_sweeps().items()}
+        print("\n".join(format_listing(sweeps, width)))
         return 0
     if args.command == "config-reference":
         from agentenv_jax.config.reference import config_reference

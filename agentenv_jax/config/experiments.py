@@ -8,6 +8,8 @@ checkout and after a plain `pip install` alike.
 from __future__ import annotations
 
 import difflib
+import textwrap
+from collections.abc import Mapping
 from pathlib import Path
 
 from agentenv_jax.config.errors import ConfigError
@@ -30,6 +32,22 @@ def describe(path: Path) -> str:
     text = " ".join(words)
     end = text.find(". ")
     return text if end < 0 else text[: end + 1]
+
+
+def format_listing(descriptions: Mapping[str, str], width: int) -> list[str]:
+    """`agentenv list`'s lines for `descriptions` by name: the names in a column as wide as the
+    longest, then two spaces and the description wrapped to `width` columns, its later lines
+    indented under its first. The description column is at least 20 wide, even if that
+    overflows `width` (narrower, it would hold a word or two a line)."""
+    names = max((len(name) for name in descriptions), default=0)
+    column = max(width - names - 2, 20)
+    lines = []
+    for name, text in descriptions.items():
+        # Hyphens stay whole: a line break inside `CartPole-v1` or `jax-envs` misleads.
+        wrapped = textwrap.wrap(text, column, break_on_hyphens=False) or [""]
+        lines.append(f"{name:<{names}}  {wrapped[0]}".rstrip())
+        lines += [f"{'':<{names}}  {rest}" for rest in wrapped[1:]]
+    return lines
 
 
 def shipped_sweeps() -> dict[str, Path]:
