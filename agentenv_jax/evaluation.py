@@ -215,6 +215,21 @@ def _play_multi_agent_episodes(
     return returns, lengths
 
 
+def _not_a_run_dir(folder: Path, examples: int = 2) -> str:
+    """Why `folder` cannot be evaluated. A sweep folder (its `sweep.yaml`, written when the
+    sweep starts) is the likely mistake: name its trials' run folders, which can be."""
+    if not (folder / "sweep.yaml").is_file():
+        return f"{folder} is not a run directory (it has no config.yaml)"
+    trials = folder / "trials"
+    runs = sorted(p for p in trials.glob("*") if (p / "config.yaml").is_file())
+    head = f"{folder} is a sweep folder, not a run: each of its trials is a run folder in {trials}/"
+    if not runs:
+        return f"{head}, and none has started yet"
+    listed = "; ".join(f"agentenv eval {run}" for run in runs[:examples])
+    more = f" (and {len(runs) - examples} more)" if len(runs) > examples else ""
+    return f"{head}; evaluate one of them: {listed}{more}"
+
+
 def evaluate(
     run_dir: str | Path,
     episodes: int = 10,
@@ -230,7 +245,7 @@ def evaluate(
         raise ConfigError(f"episodes = {episodes!r} is not allowed: expected an integer >= 1")
     run_dir = Path(run_dir)
     if not (run_dir / "config.yaml").is_file():
-        raise CheckpointError(f"{run_dir} is not a run directory (it has no config.yaml)")
+        raise CheckpointError(_not_a_run_dir(run_dir))
     config = load_config(run_dir / "config.yaml")
     if config.env.backend == "jax" and video_dir is not None:
         raise ConfigError("--video is not supported with env.backend = 'jax': evaluate without it")
