@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import dataclasses
+import os
 import typing
 
 import pytest
 import yaml
 
-from agentenv_jax.config import ConfigError, ExperimentConfig, load_config, save_config
+from agentenv_jax.config import ConfigError, ExperimentConfig, load_config, loading, save_config
 from agentenv_jax.config.reference import config_reference
 from agentenv_jax.transport.topology import make_topology
 
@@ -199,3 +200,133 @@ def test_config_reference_documents_every_field_of_every_section_and_algorithm()
             check(cls, section.name)
     assert "network.language_model.size" in rows
     assert sum(len(r) for r in rows.values()) == expected
+
+
+def _alias_bomb(levels: int, indent: str = "") -> str:
+    """A "billion laughs": anchor `a0` is nine strings and each `a{i}` nine aliases of the one
+    before, so `a{levels - 1}` stands for 9**levels strings in a few lines."""
+    lines = [f"{indent}a0: &a0 [{', '.join(['lol'] * 9)}]"]
+    lines += [f"{indent}a{i}: &a{i} [{', '.join([f'*a{i - 1}'] * 9)}]" for i in range(1, levels)]
+    return "\n".join(lines) + "\n"
+
+
+# The strict loader on libyaml, as used, and on the pure-Python parser, the fallback for a
+# PyYAML built without libyaml: both must refuse what the other refuses.
+STRICT_LOADERS = {"libyaml": loading._STRICT_LOADER, "pure": loading._PURE_STRICT_LOADER}
+
+
+@pytest.fixture(params=list(STRICT_LOADERS))
+def strict_loader(request, monkeypatch):
+    monkeypatch.setattr(loading, "_STRICT_LOADER", STRICT_LOADERS[request.param])
+    return request.param
+
+
+def test_config_files_are_parsed_by_libyaml():
+    assert yaml.__with_libyaml__, "PyYAML is built without libyaml: configs parse 5x slower"
+    assert issubclass(loading._STRICT_LOADER, yaml.CSafeLoader)
+    assert not issubclass(loading._PURE_STRICT_LOADER, yaml.CSafeLoader)
+
+
+def test_an_alias_bomb_in_env_kwargs_is_refused_by_the_alias_bound(
+    tmp_path, monkeypatch, strict_loader
+):
+    path = tmp_path / "bomb.yaml"
+    path.write_text("env:\n  kwargs:\n" + _alias_bomb(6, indent="    "))
+    # a0 is 10 nodes, a{i} 1 + 9 * a{i-1}'s: 672,614 in all with the 11 of the mappings and
+    # keys, of which 26 are written; a4 (line 7) is the one whose repeats add the most.
+    with pytest.raises(
+        ConfigError,
+        match=r"bomb.yaml', line 7: aliases of the node anchored there \(and of others\) stand "
+        r"for 672,588 nodes; at most 10,000 are allowed",
+    ):
+        load_config(path)
+    # The bound alone refuses it: above it the file loads, its aliases shared lists that are
+    # expanded into 9**6 strings (a second; 9**9 take minutes and gigabytes) when copied.
+    monkeypatch.setattr(loading, "_MAX_ALIAS_NODES", 10**9)
+    kwargs = load_config(path).env.kwargs
+    assert len(kwargs["a5"]) == 9 and kwargs["a5"][0] is kwargs["a4"]
+
+
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        (_alias_bomb(9), r"line 8: aliases .* stand for 4\d\d,\d\d\d,\d\d\d nodes; at most"),
+        (
+            "env:\n  kwargs:\n    m0: &m0 {a: 1, b: 2}\n"
+            + "".join(
+                f"    m{i}: &m{i} {{<<: [{', '.join([f'*m{i - 1}'] * 9)}]}}\n" for i in range(1, 7)
+            ),
+            r"line 8: aliases .* stand for [\d,]+ nodes; at most 10,000 are allowed",
+        ),
+        ("env:\n  kwargs:\n    a: &a [1, *a]\n", r"line 3: the node anchored there holds an alias"),
+    ],
+    ids=["at_the_top", "merge_keys", "recursive"],
+)
+def test_alias_bombs_and_recursive_aliases_are_refused(tmp_path, text, message, strict_loader):
+    path = tmp_path / "bomb.yaml"
+    path.write_text(text)
+    with pytest.raises(ConfigError, match=r"config file '.*bomb.yaml', " + message):
+        load_config(path)
+
+
+def test_an_alias_bomb_in_an_override_is_refused(strict_loader):
+    bomb = "{a0: &a0 [1, 1, 1, 1, 1, 1, 1, 1, 1], " + ", ".join(
+        f"a{i}: &a{i} [{', '.join([f'*a{i - 1}'] * 9)}]" for i in range(1, 6)
+    )
+    with pytest.raises(ConfigError, match=r"override 'env.kwargs=\{a0: .*: line 1: aliases"):
+        load_config(None, [f"env.kwargs={bomb}}}"])
+
+
+def test_aliases_that_share_a_little_still_load(tmp_path, strict_loader):
+    path = tmp_path / "shared.yaml"
+    path.write_text(
+        "env:\n  kwargs:\n    base: &base {size: 4, walls: [1, 2]}\n    copy: *base\n"
+        "    merged: {<<: *base, speed: 2}\n"
+        "network:\n  actor_hidden: &hidden [32, 32]\n  critic_hidden: *hidden\n"
+    )
+    config = load_config(path)
+    assert config.env.kwargs["copy"] == {"size": 4, "walls": [1, 2]}
+    assert config.env.kwargs["merged"] == {"size": 4, "walls": [1, 2], "speed": 2}
+    assert config.network.critic_hidden == (32, 32)
+
+
+def test_both_loaders_refuse_repeated_keys_and_read_deep_nesting(tmp_path, strict_loader):
+    path = tmp_path / "dup.yaml"
+    path.write_text("env:\n  kwargs:\n    a: {b: 1, b: 2}\n")
+    with pytest.raises(ConfigError, match=r"dup.yaml', line 3: key 'b' is given twice"):
+        load_config(path)
+    path.write_text("env:\n  kwargs:\n    ? [a, b]\n    : 1\n")
+    with pytest.raises(ConfigError, match=r"dup.yaml' is not valid YAML: (?s:.*)unhashable key"):
+        load_config(path)
+    # Nested lists are built without recursion (as PyYAML's own constructors do), so deep
+    # nesting is read, not a RecursionError; libyaml refuses more than 1000 levels itself.
+    depth = 900 if strict_loader == "libyaml" else 150
+    path.write_text(f"env:\n  kwargs:\n    a: {'[' * depth}{']' * depth}\n")
+    nested = load_config(path).env.kwargs["a"]
+    for _ in range(depth - 1):
+        (nested,) = nested
+    assert nested == []
+
+
+@pytest.mark.timeout(30, method="signal")  # blocking on the FIFO fails the test, not the run
+@pytest.mark.parametrize("kind", ["FIFO", "directory", "character device"])
+def test_a_config_path_that_is_not_a_regular_file_is_named_for_what_it_is(tmp_path, kind):
+    if kind == "FIFO":
+        path = tmp_path / "pipe.yaml"
+        os.mkfifo(path)  # nothing writes to it: reading it would wait for ever
+    else:
+        path = tmp_path if kind == "directory" else "/dev/null"
+    with pytest.raises(ConfigError, match=rf"config file '{path}' is a {kind}, not a regular"):
+        load_config(path)
+
+
+def test_a_config_file_over_the_size_limit_is_refused_before_parsing(tmp_path):
+    path = tmp_path / "huge.yaml"
+    path.write_text("run:\n  seed: 1\n" + "#" * loading._MAX_FILE_BYTES)
+    with pytest.raises(
+        ConfigError,
+        match=r"huge.yaml' is 2,097,167 bytes; at most 2,097,152 \(2 MiB\) are allowed",
+    ):
+        load_config(path)
+    path.write_text("run:\n  seed: 1\n" + "#" * (loading._MAX_FILE_BYTES - 100))
+    assert load_config(path).run.seed == 1

@@ -62,6 +62,8 @@ def _resolve(name_or_path: str | Path, shipped: dict[str, Path], what: str) -> P
     name = path.name.removesuffix(".yaml")
     if path.parent == Path(".") and name in shipped:
         return shipped[name]
+    if path.exists():
+        return path  # a FIFO, a directory...: the reader refuses it, saying which
     close = difflib.get_close_matches(name, list(shipped), n=1, cutoff=0.6)
     hint = f" (did you mean {close[0]!r}?)" if close else ""
     raise ConfigError(
@@ -72,7 +74,8 @@ def _resolve(name_or_path: str | Path, shipped: dict[str, Path], what: str) -> P
 
 def resolve_config_path(name_or_path: str | Path) -> Path:
     """The file of a config argument: an existing file, else a shipped experiment's name
-    (`cartpole_ppo`, with or without `.yaml`); `ConfigError` naming both when neither."""
+    (`cartpole_ppo`, with or without `.yaml`), else an existing path that is not a regular
+    file (for the reader to refuse); `ConfigError` naming both when none."""
     return _resolve(name_or_path, shipped_experiments(), "experiment")
 
 

@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import os
 import re
+import stat
 import types
 import typing
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -148,16 +150,83 @@ def config_from_dict(raw: Mapping[str, Any] | None) -> ExperimentConfig:
     return config
 
 
-class _StrictLoader(yaml.SafeLoader):
-    """PyYAML's safe loader, except that a key given twice in one mapping is an error (PyYAML
-    keeps the last silently, so a repeated section header would drop the first one's keys)."""
+# Aliases may repeat at most this many nodes in all (each alias counts the nodes it stands
+# for): far more than a config needs to share a section, and far less than a "billion laughs"
+# bomb, whose few lines stand for 9**9 nodes that are expanded (minutes, gigabytes) as soon as
+# the config is copied or saved.
+_MAX_ALIAS_NODES = 10_000
+
+# Every rank parses the config; 2 MiB (a thousand times the largest shipped experiment)
+# already takes seconds, even with libyaml (PyYAML builds a Python object per node).
+_MAX_FILE_BYTES = 2 * 2**20
 
 
-def _construct_strict_mapping(loader: _StrictLoader, node: yaml.MappingNode) -> dict:
+def _children(node: yaml.Node) -> list[yaml.Node]:
+    if isinstance(node, yaml.MappingNode):
+        return [child for pair in node.value for child in pair]
+    return node.value if isinstance(node, yaml.SequenceNode) else []
+
+
+def _check_aliases(root: yaml.Node) -> None:
+    """`ConfigError` (naming the line of the anchor to blame) when the document's aliases
+    stand for more than `_MAX_ALIAS_NODES` nodes, or an anchored node holds an alias to itself.
+
+    An alias is the anchored node itself, shared (the composer does not copy it), so this walks
+    each distinct node once: without expanding anything, whatever the aliases add up to.
+    """
+    size: dict[int, int] = {}  # id(node) -> node count of its subtree with aliases expanded
+    uses: dict[int, int] = {id(root): 1}  # id(node) -> places it appears in the written text
+    distinct: dict[int, yaml.Node] = {}
+    open_: set[int] = set()  # the nodes whose subtree is being walked: the current path
+    stack: list[tuple[yaml.Node, bool]] = [(root, False)]
+    while stack:  # a loop, not recursion: configs may nest deeper than Python's stack
+        node, walked = stack.pop()
+        children = _children(node)
+        if walked:
+            size[id(node)] = 1 + sum(size[id(child)] for child in children)
+            open_.discard(id(node))
+            continue
+        if id(node) in size:
+            continue
+        if id(node) in open_:
+            raise ConfigError(
+                f"line {node.start_mark.line + 1}: the node anchored there holds an alias to "
+                "itself; a config cannot be recursive"
+            )
+        open_.add(id(node))
+        distinct[id(node)] = node
+        stack.append((node, True))
+        for child in children:
+            uses[id(child)] = uses.get(id(child), 0) + 1
+            stack.append((child, False))
+    repeated = size[id(root)] - len(distinct)
+    if repeated > _MAX_ALIAS_NODES:
+        worst = max(distinct, key=lambda key: (uses[key] - 1) * size[key])
+        raise ConfigError(
+            f"line {distinct[worst].start_mark.line + 1}: aliases of the node anchored there "
+            f"(and of others) stand for {repeated:,} nodes; at most {_MAX_ALIAS_NODES:,} are "
+            "allowed, so that a YAML alias bomb cannot fill the memory: write the values out"
+        )
+
+
+def _construct_strict_mapping(
+    loader: yaml.SafeLoader, node: yaml.MappingNode
+) -> Iterator[dict[Any, Any]]:
+    """A mapping, except that a key given twice in it is an error (PyYAML keeps the last
+    silently, so a repeated section header would drop the first one's keys).
+
+    A generator, as PyYAML's own mapping constructor: the values are filled in after the
+    mapping is made, so nesting does not recurse."""
+    data: dict[Any, Any] = {}
+    yield data
     loader.flatten_mapping(node)
     first_line: dict[Any, int] = {}
     for key_node, _ in node.value:
         key = loader.construct_object(key_node, deep=True)
+        try:
+            hash(key)
+        except TypeError:
+            continue  # construct_mapping refuses it, naming the line
         line = key_node.start_mark.line + 1
         if key in first_line:
             raise ConfigError(
@@ -165,11 +234,31 @@ def _construct_strict_mapping(loader: _StrictLoader, node: yaml.MappingNode) -> 
                 f"{first_line[key]}); keep one"
             )
         first_line[key] = line
-    return loader.construct_mapping(node, deep=True)
+    data.update(loader.construct_mapping(node))
 
 
-_StrictLoader.add_constructor(
-    yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_strict_mapping
+def _strict_loader(base: type[yaml.SafeLoader]) -> type[yaml.SafeLoader]:
+    """PyYAML's safe loader `base` with the alias bound and the duplicate-key check."""
+
+    class StrictLoader(base):  # type: ignore[misc, valid-type]
+        def get_single_data(self) -> Any:
+            node = self.get_single_node()
+            if node is None:
+                return None
+            _check_aliases(node)  # before anything is constructed
+            return self.construct_document(node)
+
+    StrictLoader.add_constructor(
+        yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_strict_mapping
+    )
+    return StrictLoader
+
+
+# libyaml's parser (CSafeLoader) reads a config several times faster than the pure-Python one;
+# PyYAML built without libyaml lacks it.
+_PURE_STRICT_LOADER = _strict_loader(yaml.SafeLoader)
+_STRICT_LOADER = (
+    _strict_loader(yaml.CSafeLoader) if hasattr(yaml, "CSafeLoader") else _PURE_STRICT_LOADER
 )
 
 
@@ -181,7 +270,7 @@ def _parse_override(text: str) -> tuple[list[str], Any]:
     if not key or any(not part for part in key.split(".")):
         raise ConfigError(f"override {text!r} is not allowed: expected key.path=value")
     try:
-        value = yaml.load(raw_value, Loader=_StrictLoader) if raw_value.strip() else ""
+        value = yaml.load(raw_value, Loader=_STRICT_LOADER) if raw_value.strip() else ""
     except ConfigError as err:
         raise ConfigError(f"override {text!r}: {err}") from None
     except yaml.YAMLError as err:
@@ -217,26 +306,73 @@ def _deep_copy(raw: Mapping[str, Any]) -> dict[str, Any]:
     return {k: _deep_copy(v) if isinstance(v, Mapping) else v for k, v in raw.items()}
 
 
-def read_yaml_mapping(path: Path, what: str, empty_hint: str) -> dict[str, Any]:
-    """A YAML file that must hold a mapping (no key twice); `ConfigError` naming the file as
-    `what` (and the line) when it is empty, not YAML or not a mapping."""
+_FILE_KINDS = (
+    (stat.S_ISDIR, "a directory"),
+    (stat.S_ISFIFO, "a FIFO"),
+    (stat.S_ISSOCK, "a socket"),
+    (stat.S_ISCHR, "a character device"),
+    (stat.S_ISBLK, "a block device"),
+)
+
+
+def _not_regular(name: str, mode: int) -> ConfigError:
+    kind = next((kind for is_kind, kind in _FILE_KINDS if is_kind(mode)), "not a plain file")
+    return ConfigError(f"{name} is {kind}, not a regular file")
+
+
+def _read_file(path: Path, name: str) -> bytes:
+    """The bytes of a regular file of at most `_MAX_FILE_BYTES`; `ConfigError` starting with
+    `name` when it is anything else, too large or unreadable. Never blocks on a FIFO."""
     try:
-        raw = yaml.load(path.read_text(), Loader=_StrictLoader)
+        # Without O_NONBLOCK, opening a FIFO waits for a writer, perhaps for ever.
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+    except OSError as err:
+        try:
+            mode = os.stat(path).st_mode  # a socket exists but cannot be opened
+        except OSError:
+            mode = stat.S_IFREG
+        if not stat.S_ISREG(mode):
+            raise _not_regular(name, mode) from None
+        raise ConfigError(f"{name} cannot be read: {err.strerror}") from None
+    info = os.fstat(fd)  # of what was opened: a path swapped since is not read either
+    if not stat.S_ISREG(info.st_mode):
+        os.close(fd)
+        raise _not_regular(name, info.st_mode)
+    with os.fdopen(fd, "rb") as file:
+        data = file.read(_MAX_FILE_BYTES + 1)  # + 1: a file that grew since fstat is refused too
+    size = max(info.st_size, len(data))
+    if size > _MAX_FILE_BYTES:
+        raise ConfigError(
+            f"{name} is {size:,} bytes; at most {_MAX_FILE_BYTES:,} "
+            f"({_MAX_FILE_BYTES // 2**20} MiB) are allowed, since every rank parses it: keep "
+            "large data in a file of its own and give its path"
+        )
+    return data
+
+
+def read_yaml_mapping(path: Path, what: str, empty_hint: str) -> dict[str, Any]:
+    """A YAML file that must hold a mapping (no key twice, few aliases); `ConfigError` naming
+    the file as `what` (and the line) when it is empty, not YAML, not a mapping, not a regular
+    file, over 2 MiB, or when its aliases stand for too many nodes (an alias bomb)."""
+    name = f"{what} {str(path)!r}"
+    data = _read_file(path, name)
+    try:
+        raw = yaml.load(data, Loader=_STRICT_LOADER)
     except ConfigError as err:
-        raise ConfigError(f"{what} {str(path)!r}, {err}") from None
+        raise ConfigError(f"{name}, {err}") from None
     except yaml.YAMLError as err:
-        raise ConfigError(f"{what} {str(path)!r} is not valid YAML: {err}") from None
+        raise ConfigError(f"{name} is not valid YAML: {err}") from None
     if raw is None:
-        raise ConfigError(f"{what} {str(path)!r} is empty: {empty_hint}")
+        raise ConfigError(f"{name} is empty: {empty_hint}")
     if not isinstance(raw, Mapping):
-        raise ConfigError(f"{what} {str(path)!r} must hold a mapping, not {type(raw).__name__}")
+        raise ConfigError(f"{name} must hold a mapping, not {type(raw).__name__}")
     return dict(raw)
 
 
 def read_config_file(path: str | Path) -> dict[str, Any]:
     """The raw sections of a YAML experiment file (or of a shipped experiment, by name);
     `ConfigError` naming the file (and line) when it is missing, empty, not YAML, not a
-    mapping, or repeats a key."""
+    mapping, repeats a key, or is not a regular file, too large or an alias bomb."""
     return read_yaml_mapping(
         resolve_config_path(path),
         "config file",

@@ -17,9 +17,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from agentenv_jax.config.errors import ConfigError
+from agentenv_jax.config.loading import read_yaml_mapping
 
 
 def _number(text: str) -> Any:
@@ -93,7 +92,11 @@ def load_sweep(folder: str | Path) -> Sweep:
             f"{str(folder)!r} is not a sweep folder with results: expected sweep.yaml and "
             "trials.csv (written by agentenv sweep)"
         )
-    metric = yaml.safe_load(record.read_text())["metric"]
+    # The strict reader: the record may be edited or copied in, so an alias bomb is refused.
+    recorded = read_yaml_mapping(record, "sweep record", "expected the sweep's identity")
+    if "metric" not in recorded:
+        raise ConfigError(f"sweep record {str(record)!r} has no metric (written by agentenv sweep)")
+    metric = recorded["metric"]
     return Sweep(
         folder, metric, _read_table(folder / "trials.csv"), _read_table(folder / "configs.csv")
     )
