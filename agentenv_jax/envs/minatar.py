@@ -28,6 +28,18 @@ class _Uint8Frames(gym.ObservationWrapper):
         return np.asarray(observation, np.uint8) * np.uint8(255)
 
 
+class _SeededReset(gym.Wrapper):
+    """Seeds `np_random` on `reset(seed=...)`, as `gymnasium.Env.reset` does. MinAtar's reset
+    seeds only its game's own RandomState and never calls it, so the env's `np_random` ignored
+    the seed, against Gymnasium's contract (which `check_env` checks)."""
+
+    def reset(
+        self, *, seed: int | None = None, options: dict[str, Any] | None = None
+    ) -> tuple[Any, dict]:
+        gym.Env.reset(self.unwrapped, seed=seed)  # the `super().reset(seed=seed)` MinAtar skips
+        return self.env.reset(seed=seed, options=options)
+
+
 def make_minatar(game: str = "breakout", **kwargs: Any) -> gym.Env:
     """The MinAtar game `game` with uint8 frames; `kwargs` go to MinAtar's environment
     (`sticky_action_prob`, `difficulty_ramping`, ...)."""
@@ -39,7 +51,7 @@ def make_minatar(game: str = "breakout", **kwargs: Any) -> gym.Env:
         raise ImportError(
             f"MinAtar is not installed ({err}): pip install 'agentenv_jax[minatar]'"
         ) from None
-    return _Uint8Frames(BaseEnv(game, use_minimal_action_set=True, **kwargs))
+    return _Uint8Frames(_SeededReset(BaseEnv(game, use_minimal_action_set=True, **kwargs)))
 
 
 def register_minatar() -> None:

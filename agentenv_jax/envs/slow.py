@@ -16,12 +16,14 @@ from typing import Any
 import gymnasium as gym
 
 
-class SlowStep(gym.Wrapper):
-    """Sleeps `step_s` seconds in every `step` of the wrapped env."""
+class SlowStep(gym.Wrapper, gym.utils.RecordConstructorArgs):
+    """Sleeps `step_s` seconds in every `step` of the wrapped env. It records its arguments, as
+    Gymnasium's own wrappers do, so that `env.spec` can make it again (`check_env` does)."""
 
     def __init__(self, env: gym.Env, step_s: float):
         if step_s < 0:
             raise ValueError(f"step_s = {step_s!r} is not allowed: expected seconds >= 0")
+        gym.utils.RecordConstructorArgs.__init__(self, step_s=step_s)
         super().__init__(env)
         self._step_s = step_s
 
