@@ -9,7 +9,8 @@ hears of the death only when the parent exits, after the message is out.
 
 The child has the kernel kill it if the parent dies (`PR_SET_PDEATHSIG`), so no rank outlives
 the job when the launcher kills the parents. Signals a launcher sends to the parent — SIGTERM
-(preemption), SIGINT, SIGHUP, and MPICH's SIGUSR1 failure notice — are passed on to the child.
+(preemption), SIGINT, SIGHUP, SIGUSR2 (a stop request through Open MPI's `mpirun`), and MPICH's
+SIGUSR1 failure notice — are passed on to the child.
 
 A rank that a stop signal ended is not reported: Open MPI's `mpirun` ends a job with SIGTERM
 once one rank has exited with an error, which can reach a rank before it takes its signals.
@@ -34,7 +35,7 @@ from agentenv_jax.launcher import detect_launcher, launcher_rank
 # Set in the child: it is the rank itself, not its supervisor.
 RANK_PROCESS_VARIABLE = "AGENTENV_RANK_PROCESS"
 _SUPERVISOR_PID_VARIABLE = "AGENTENV_SUPERVISOR_PID"
-_FORWARDED_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1)
+_FORWARDED_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2)
 _PR_SET_PDEATHSIG = 1
 
 

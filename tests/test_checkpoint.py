@@ -53,7 +53,7 @@ def test_store_round_trip_keeps_newest_and_ignores_unfinished_saves(tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.openmpi
-def test_sigterm_then_resume_under_mpiexec(tmp_path):
+def test_stopped_by_the_launchers_stop_signal_then_resumed(tmp_path):
     run_dir = tmp_path / "pre"
     proc = start_job(
         [
@@ -70,16 +70,19 @@ def test_sigterm_then_resume_under_mpiexec(tmp_path):
             ),
         ]
     )
+    # The stop request each launcher passes on and waits for: SIGTERM (as Slurm sends on
+    # preemption) under MPICH; SIGUSR2 under Open MPI, whose mpirun kills every rank a fraction
+    # of a second after passing a SIGTERM on (test_signals.py measures it).
+    stop = signal.SIGUSR2 if is_open_mpi() else signal.SIGTERM
     try:
         wait_for_updates(proc, run_dir, 25, timeout=180)
-        proc.send_signal(signal.SIGTERM)  # as Slurm does on preemption
-        _, stderr = proc.communicate(timeout=60)
+        proc.send_signal(stop)
+        _, stderr = proc.communicate(timeout=120)
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
-    # Open MPI's mpirun exits 1 once it has passed a SIGTERM on, however the ranks ended; the
-    # run's own record says it stopped cleanly.
-    assert proc.returncode == (1 if is_open_mpi() else 0), stderr[-3000:]
+    assert proc.returncode == 0, stderr[-3000:]
+    assert (run_dir / "summary.json").exists(), "the ranks ended before their final summary"
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["interrupted"] and summary["accounting"]["reconciles"]
     stopped_at = summary["updates"]

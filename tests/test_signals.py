@@ -1,7 +1,8 @@
 """Stop signals, a silent rank and the time-based checkpoint cadence, on real runs.
 
-SIGTERM, SIGINT and SIGHUP ask for a graceful stop (final checkpoint, exit 0); two of them within
-a second are one request, a later second one interrupts at once. A rank that stops answering is
+SIGTERM, SIGINT, SIGHUP and SIGUSR2 ask for a graceful stop (final checkpoint, exit 0); two of
+them within a second are one request, a later second one interrupts at once. What each launcher
+does with a stop signal sent to it is measured on plain processes. A rank that stops answering is
 named by the learner once `run.transport_timeout_s` runs out. `checkpoint.every_minutes` saves
 on a clock.
 """
@@ -13,6 +14,7 @@ import itertools
 import json
 import os
 import signal
+import sys
 import time
 from pathlib import Path
 
@@ -26,6 +28,8 @@ from conftest import (
     REPO,
     agentenv_command,
     end_rank,
+    is_open_mpi,
+    mpi_launch,
     mpiexec_path,
     read_events,
     restorable_checkpoint,
@@ -110,9 +114,12 @@ def _stop_checkpointed(events: list[dict]) -> bool:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("sig", [signal.SIGHUP, signal.SIGINT], ids=["SIGHUP", "SIGINT"])
+@pytest.mark.parametrize(
+    "sig", [signal.SIGHUP, signal.SIGINT, signal.SIGUSR2], ids=["SIGHUP", "SIGINT", "SIGUSR2"]
+)
 def test_hangup_and_ctrl_c_stop_with_a_final_checkpoint(tmp_path, sig):
-    """A closed terminal (SIGHUP) and Ctrl-C (SIGINT) stop a run like preemption does."""
+    """A closed terminal (SIGHUP), Ctrl-C (SIGINT) and SIGUSR2 (the stop request to send
+    through Open MPI's mpirun) stop a run like preemption does."""
     run_dir = tmp_path / "stop"
     proc = _one_process_run(tmp_path, "stop")
     try:
@@ -350,3 +357,62 @@ def test_every_minutes_checkpoints_on_a_clock(tmp_path):
     final_update = json.loads((tmp_path / "untimed" / "summary.json").read_text())["updates"]
     saved = [e["update"] for e in read_events(tmp_path / "untimed") if e["event"] == "checkpoint"]
     assert saved == [final_update]
+
+
+# A rank that notes the first signal it gets and beats every 10 ms for 6 s more (60 s at most
+# without one): its last beat is when it died.
+_SIGNALLED_RANK = """
+import os, signal, sys, time
+rank = os.environ.get("PMI_RANK") or os.environ["OMPI_COMM_WORLD_RANK"]
+log = open(os.path.join(sys.argv[1], rank), "w", buffering=1)
+end = [time.time() + 60]
+def noted(number, frame):
+    log.write(f"signal {number} {time.time()}\\n")
+    end[0] = min(end[0], time.time() + 6)
+for sig in (signal.SIGTERM, signal.SIGUSR2):
+    signal.signal(sig, noted)
+log.write("up\\n")
+while time.time() < end[0]:
+    time.sleep(0.01)
+    log.write(f"beat {time.time()}\\n")
+"""
+
+
+def _launcher_signalled(tmp_path: Path, sig: int) -> tuple[int, list[float]]:
+    """Start 2 plain ranks under this environment's launcher, send `sig` to the launcher, and
+    return its exit status and how long each rank lived after the signal reached it (6 s: to
+    its own end)."""
+    logs = tmp_path / signal.Signals(sig).name
+    logs.mkdir()
+    proc = start_job([*mpi_launch(2), sys.executable, "-c", _SIGNALLED_RANK, str(logs)])
+    try:
+        deadline = time.monotonic() + 60
+        while len([p for p in logs.iterdir() if "up" in p.read_text()]) < 2:
+            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+            time.sleep(0.05)
+        proc.send_signal(sig)
+        proc.communicate(timeout=90)
+    finally:
+        _kill_group(proc)
+    lived = []
+    for path in sorted(logs.iterdir()):
+        lines = path.read_text().splitlines()
+        received = [float(line.split()[2]) for line in lines if line.startswith("signal")]
+        assert received, f"rank {path.name} never got {signal.Signals(sig).name}: {lines[-3:]}"
+        last_beat = float(lines[-1].split()[1])
+        lived.append(last_beat - received[0])
+    return proc.returncode, lived
+
+
+@pytest.mark.slow
+@pytest.mark.openmpi
+def test_what_the_launcher_does_with_a_stop_signal(tmp_path):
+    """Why a job under Open MPI is stopped with SIGUSR2 (docs/cluster.md): its mpirun passes
+    SIGTERM on and kills every rank a fraction of a second later (too soon for a final
+    checkpoint on a loaded machine), and passes SIGUSR2 on without ending the job. MPICH's
+    mpiexec passes SIGTERM on and waits for the ranks (SIGUSR2 ends mpiexec itself)."""
+    status, lived = _launcher_signalled(tmp_path, signal.SIGTERM)
+    if is_open_mpi():
+        assert status != 0 and all(0 <= t < 1.0 for t in lived), (status, lived)
+        status, lived = _launcher_signalled(tmp_path, signal.SIGUSR2)
+    assert all(t > 5 for t in lived), (status, lived)  # lived on to its own end

@@ -1,6 +1,7 @@
 """A learner's run from start to end: resume, periodic and final checkpoints, preemption.
 
-SIGTERM (Slurm preemption), SIGINT (Ctrl-C) and SIGHUP (a closed terminal) only set a flag; the
+SIGTERM (Slurm preemption), SIGINT (Ctrl-C), SIGHUP (a closed terminal) and SIGUSR2 (the stop
+request Open MPI's `mpirun` passes on without ending the job) only set a flag; the
 loop stops collecting at the next update boundary, writes a final checkpoint and returns
 normally, so every rank shuts down through the same stop protocol as a finished run. A second
 signal, more than a second later, interrupts at once.
@@ -27,9 +28,11 @@ from agentenv_jax.transport.base import LearnerGroup, SoloLearnerGroup
 # Sections of the config a checkpoint's learner state depends on: a resumed run may change
 # budgets, topology, logging and checkpoint cadence, but not these.
 _STATE_DEFINING = ("env.id", "env.backend", "network", "algorithm.name")
-# Signals that ask the run to stop: preemption, Ctrl-C, and the hang-up of a closed terminal
-# (which would otherwise kill the rank without a checkpoint).
-STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+# Signals that ask the run to stop: preemption, Ctrl-C, the hang-up of a closed terminal (which
+# would otherwise kill the rank without a checkpoint), and SIGUSR2. NOTE: Open MPI's `mpirun`
+# takes SIGTERM, SIGINT and SIGHUP as "end the job": it passes the signal on and kills every rank
+# ~0.2 s later, before a final checkpoint; SIGUSR2 it only passes on (docs/cluster.md).
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR2)
 # Stop signals this close together are one request (a second one later interrupts at once).
 _SAME_REQUEST_S = 1.0
 
