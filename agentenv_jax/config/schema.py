@@ -417,7 +417,7 @@ class CheckpointConfig:
     every_updates: int = 0  # checkpoint every this many updates (0: not by count)
     every_minutes: float = 10.0  # checkpoint when this long has passed since the last (0: never)
     keep: int = 3  # newest checkpoints kept on disk
-    on_exit: bool = True  # checkpoint at the end of a run and on a stop signal (SIGTERM, SIGINT, SIGHUP, SIGUSR2)
+    on_exit: bool = True  # checkpoint at the end of a run and on a stop signal (e.g. SIGTERM)
     save_replay: bool = False  # sac: env ranks save their replay partitions with each checkpoint
 
     def validate(self, prefix: str) -> None:
