@@ -2,22 +2,26 @@
 
 Runs that share a config but for `run.seed` (and where they were written) form a group: its
 curve is the mean over its seeds, on the x values all of them reached, with a band from the
-lowest to the highest seed. `curves` and `time_breakdown` compute what is drawn; `plot_runs`
-draws it.
+lowest to the highest seed. `curves` and `time_breakdown` compute what is drawn; `draw_runs`
+lays it out in a figure and `plot_runs` saves that as a PNG.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import textwrap
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 import numpy as np
 
 from agentenv_jax.api import Run
 from agentenv_jax.config.errors import ConfigError
 from agentenv_jax.config.loading import config_to_dict
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
 XAxis = Literal["steps", "time"]
 # Run settings that do not make runs different experiments.
@@ -127,16 +131,9 @@ def time_breakdown(run: Run) -> dict[str, float]:
     return {key: float(np.median(values)) for key, values in totals.items()}
 
 
-def plot_runs(
-    runs: Sequence[Run],
-    output: str | Path,
-    x: XAxis = "steps",
-    metrics: Sequence[str] = ("episode_return_mean",),
-    dpi: int = 100,
-) -> Path:
-    """Draw each metric's curves (one panel per metric) and the time breakdown per group (a
-    stacked bar of the first run of each group) into a PNG at `output`, `5 * panels` by 4
-    inches at `dpi`."""
+def _pyplot():
+    """matplotlib's pyplot on the Agg backend (no display needed), or a `ConfigError` naming the
+    extra to install."""
     try:
         import matplotlib
     except ImportError as err:
@@ -147,11 +144,28 @@ def plot_runs(
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    return plt
+
+
+def draw_runs(
+    runs: Sequence[Run],
+    x: XAxis = "steps",
+    metrics: Sequence[str] = ("episode_return_mean",),
+    dpi: int = 100,
+) -> Figure:
+    """The figure `plot_runs` saves (a matplotlib `Figure`; the caller closes it): each
+    metric's curves (one panel per metric) and the time breakdown per group (a stacked bar of
+    the first run of each group), `5 * panels` by 4 inches at `dpi`."""
+    plt = _pyplot()
     panels = len(metrics) + 1
-    figure, axes = plt.subplots(1, panels, figsize=(5 * panels, 4), dpi=dpi)
+    # Constrained layout makes room for what lies outside the axes (the bar chart's legend,
+    # wrapped tick labels) inside the fixed figure size, so nothing is cut off.
+    figure, axes = plt.subplots(1, panels, figsize=(5 * panels, 4), dpi=dpi, layout="constrained")
     for axis, metric in zip(axes, metrics, strict=False):
         for curve in curves(runs, x, metric):
-            line = axis.plot(curve.x, curve.mean, label=curve.label)[0]
+            # A run folder's name makes a long label: wrapped, the legend stays in its panel.
+            label = textwrap.fill(curve.label, 45, break_on_hyphens=False)
+            line = axis.plot(curve.x, curve.mean, label=label)[0]
             if curve.runs > 1:
                 axis.fill_between(curve.x, curve.low, curve.high, alpha=0.2, color=line.get_color())
         axis.set_xlabel("env steps" if x == "steps" else "wall-clock seconds")
@@ -166,12 +180,38 @@ def plot_runs(
         if heights.any():
             axis.bar(range(len(groups)), heights, bottom=bottoms, label=key.removeprefix("time/"))
             bottoms += heights
-    axis.set_xticks(range(len(groups)), [_label(g) for g in groups], fontsize="small")
+    # About 50 characters of small type fit under the panel: wrap each bar's label to its share.
+    labels = [textwrap.fill(_label(g), max(12, 50 // len(groups))) for g in groups]
+    axis.set_xticks(range(len(groups)), labels, fontsize="small")
     axis.set_ylabel("seconds per update (median)")
-    axis.legend(fontsize="small")
-    figure.tight_layout()
-    output = Path(output)
-    output.parent.mkdir(parents=True, exist_ok=True)
-    figure.savefig(output)
-    plt.close(figure)
+    # The bars fill the panel, so any legend inside it covers some: it goes to their right,
+    # listed top to bottom as the parts are stacked.
+    handles, names = axis.get_legend_handles_labels()
+    axis.legend(
+        handles[::-1],
+        names[::-1],
+        fontsize="small",
+        loc="upper left",
+        bbox_to_anchor=(1.02, 1.0),
+        borderaxespad=0.0,
+    )
+    return figure
+
+
+def plot_runs(
+    runs: Sequence[Run],
+    output: str | Path,
+    x: XAxis = "steps",
+    metrics: Sequence[str] = ("episode_return_mean",),
+    dpi: int = 100,
+) -> Path:
+    """Draw `runs` into a PNG at `output`, as `draw_runs` lays them out; returns its path."""
+    plt = _pyplot()
+    figure = draw_runs(runs, x, metrics, dpi)
+    try:
+        output = Path(output)
+        output.parent.mkdir(parents=True, exist_ok=True)
+        figure.savefig(output)
+    finally:
+        plt.close(figure)
     return output

@@ -3,6 +3,7 @@ writes."""
 
 from __future__ import annotations
 
+import itertools
 import sys
 
 import matplotlib.pyplot as plt
@@ -10,7 +11,7 @@ import numpy as np
 import pytest
 
 import agentenv_jax as ae
-from agentenv_jax.plotting import curves, series, time_breakdown
+from agentenv_jax.plotting import curves, draw_runs, series, time_breakdown
 
 from conftest import REPO, agentenv_command, run_command
 
@@ -82,6 +83,32 @@ def test_plot_writes_pngs_for_one_run_and_for_a_group(runs, tmp_path):
     image = plt.imread(group)
     assert image.shape[:2] == (400, 1500)  # 3 panels
     assert image[..., :3].std() > 0.05  # not a blank page
+
+
+@pytest.mark.parametrize("count", [1, 3], ids=["one-run", "two-groups"])
+def test_the_time_breakdown_legend_is_beside_the_bars_and_nothing_is_cut(runs, count):
+    """The stacked bars fill their panel: a legend inside it covered some (it did). It lies
+    beside them, and the legend and tick labels stay inside the figure."""
+    figure = draw_runs(runs[:count], metrics=["episode_return_mean"])
+    try:
+        figure.canvas.draw()
+        renderer = figure.canvas.get_renderer()
+        axis = figure.axes[-1]
+        legend = axis.get_legend().get_window_extent(renderer)
+        bars = [patch.get_window_extent(renderer) for patch in axis.patches]
+        assert bars and not [bar for bar in bars if legend.overlaps(bar)]
+        page = figure.bbox
+        shown = [legend] + [t.get_window_extent(renderer) for t in axis.get_xticklabels()]
+        for box in shown:
+            assert page.x0 <= box.x0 and box.x1 <= page.x1 and page.y0 <= box.y0, (box, page)
+            assert box.y1 <= page.y1, (box, page)
+        labels = axis.get_xticklabels()  # one per group, side by side
+        assert not any(
+            a.get_window_extent(renderer).overlaps(b.get_window_extent(renderer))
+            for a, b in itertools.pairwise(labels)
+        )
+    finally:
+        plt.close(figure)
 
 
 def test_plot_without_matplotlib_is_one_line_and_exit_2(runs, tmp_path):
