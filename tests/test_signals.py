@@ -157,15 +157,17 @@ def test_two_stop_signals_within_a_second_are_one_request(tmp_path):
 @pytest.mark.slow
 def test_a_second_copy_after_the_final_checkpoint_is_still_the_same_request(tmp_path):
     """The same request's second copy can also arrive after the graceful stop has written its
-    checkpoint, while the process is still exiting (here: for 1.5 s more). It is still within
-    the second, so it must not change the outcome."""
+    checkpoint, while the process is still exiting (here: for 5 s more). It is still within
+    the window (`run.stop_signal_window_s`, widened here so that a loaded machine's slow stop
+    cannot use it up), so it must not change the outcome."""
     run_dir = tmp_path / "late-copy"
     proc = _one_process_run(
         tmp_path,
         "late-copy",
         "env.id=test_signals:slow_cartpole",
-        "env.kwargs={delay_s: 0.0, exit_delay_s: 1.5}",
+        "env.kwargs={delay_s: 0.0, exit_delay_s: 5.0}",
         "checkpoint.every_updates=2",  # orbax's first save is slow; have it before the stop
+        "run.stop_signal_window_s=60",
     )
     try:
         wait_for_updates(proc, run_dir, 3, timeout=120)
@@ -177,9 +179,6 @@ def test_a_second_copy_after_the_final_checkpoint_is_still_the_same_request(tmp_
             assert proc.poll() is None and time.monotonic() - first_at < 30
             time.sleep(0.01)
         time.sleep(0.05)
-        took = time.monotonic() - first_at
-        if took > 0.95:
-            pytest.skip(f"the graceful stop took {took:.2f} s: no time left within the second")
         assert proc.poll() is None  # still exiting
         proc.send_signal(signal.SIGTERM)
         _, stderr = proc.communicate(timeout=60)
@@ -200,12 +199,13 @@ def test_a_later_second_stop_signal_interrupts_at_once(tmp_path):
         "env.id=test_signals:slow_cartpole",
         "env.kwargs={delay_s: 0.1}",
         "checkpoint.every_updates=1",
+        "run.stop_signal_window_s=1.0",
     )
     try:
         wait_for_updates(proc, run_dir, 1, timeout=120)
         time.sleep(0.5)  # into the slow segment, past the end of the first update
         proc.send_signal(signal.SIGTERM)
-        time.sleep(1.5)
+        time.sleep(1.5)  # past the window
         assert proc.poll() is None  # still finishing the segment: the stop is in progress
         proc.send_signal(signal.SIGTERM)
         second_at = time.monotonic()

@@ -362,7 +362,8 @@ class TopologyConfig:
 class RunConfig:
     """Budget, seed, outputs and logging."""
 
-    seed: int = 0  # master seed; each rank folds in its rank
+    # A run does not depend on how its envs are split over ranks.
+    seed: int = 0  # parameters' key; each env and its noise also take its global env index
     total_env_steps: int = 100_000  # stop after training on this many transitions
     stop_at_return: float | None = None  # also stop once the episode-return mean reaches this
     return_window: int = 20  # episodes in the moving mean reported as episode_return_mean
@@ -371,6 +372,9 @@ class RunConfig:
     progress: bool = True  # live progress line on the lead rank (the summary is printed either way)
     progress_interval_s: float = 5.0  # seconds between progress lines when not on a terminal
     transport_timeout_s: float = 120.0  # learner gives up on a silent env rank (env ranks: 2x)
+    # Slurm can signal a process twice for one request; a stop signal after the window
+    # interrupts at once, without the final checkpoint.
+    stop_signal_window_s: float = 1.0  # later stop signals within this are the same request
     tensorboard: bool = False  # also write TensorBoard events to RUN_DIR/tensorboard
     # Runs (and every rank of a run) that compile the same programs fetch them from the cache.
     compilation_cache: bool = True  # keep compiled XLA programs in JAX's persistent cache
@@ -401,6 +405,12 @@ class RunConfig:
             f"{prefix}.transport_timeout_s",
             self.transport_timeout_s,
             "a number > 0",
+        )
+        _require(
+            self.stop_signal_window_s >= 0,
+            f"{prefix}.stop_signal_window_s",
+            self.stop_signal_window_s,
+            "a number >= 0",
         )
         _require(
             self.name is None or ("/" not in self.name and self.name.strip() != ""),

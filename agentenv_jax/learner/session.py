@@ -4,7 +4,7 @@ SIGTERM (Slurm preemption), SIGINT (Ctrl-C), SIGHUP (a closed terminal) and SIGU
 request Open MPI's `mpirun` passes on without ending the job) only set a flag; the
 loop stops collecting at the next update boundary, writes a final checkpoint and returns
 normally, so every rank shuts down through the same stop protocol as a finished run. A second
-signal, more than a second later, interrupts at once.
+signal, more than `run.stop_signal_window_s` (a second) later, interrupts at once.
 """
 
 from __future__ import annotations
@@ -33,8 +33,6 @@ _STATE_DEFINING = ("env.id", "env.backend", "network", "algorithm.name")
 # takes SIGTERM, SIGINT and SIGHUP as "end the job": it passes the signal on and kills every rank
 # ~0.2 s later, before a final checkpoint; SIGUSR2 it only passes on (docs/cluster.md).
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR2)
-# Stop signals this close together are one request (a second one later interrupts at once).
-_SAME_REQUEST_S = 1.0
 
 
 def _lookup(config: dict[str, Any], dotted: str) -> Any:
@@ -178,7 +176,7 @@ class LearnerSession:
         if self._first_signal_at is None:
             self._first_signal_at = now
             self.interrupted = True
-        elif now - self._first_signal_at > _SAME_REQUEST_S:
+        elif now - self._first_signal_at > self.config.run.stop_signal_window_s:
             self._event("interrupted", at_once=True)
             self._stopped_at_once = True  # even mid-shutdown: no final checkpoint follows
             raise KeyboardInterrupt
