@@ -180,3 +180,16 @@ class NaNRewardCartPole(gym.Wrapper):
 
 def nan_reward_cartpole(nan_after: int = 2000) -> gym.Env:
     return NaNRewardCartPole(nan_after)
+
+
+def rank_offset_pendulum(offset_per_rank: float = 10.0) -> gym.Env:
+    """Pendulum whose first observation (cos theta, in [-1, 1]) is shifted by `offset_per_rank`
+    times the MPI rank of the process stepping it: env ranks see different observations, so
+    statistics each rank gathered alone would differ from the global ones."""
+    from agentenv_jax.launcher import launcher_rank
+
+    shift = np.zeros(3, dtype=np.float32)
+    shift[0] = offset_per_rank * int(launcher_rank() or 0)
+    env = gym.make("Pendulum-v1")
+    space = gym.spaces.Box(env.observation_space.low + shift, env.observation_space.high + shift)
+    return gym.wrappers.TransformObservation(env, lambda obs: obs + shift, space)

@@ -433,7 +433,9 @@ def test_cli_entry_point_env_with_overrides_writes_run_dir(run_dir):
 
 
 def test_observation_statistics_are_merged_across_env_ranks(run_dir):
-    """Under mpiexec every env rank must normalize with the same (global) statistics."""
+    """Under mpiexec every env rank must normalize with the same (global) statistics. The env
+    ranks' first observation is shifted by 10 x rank (rank 1: cos theta + 10, rank 2: + 20),
+    so each rank's own statistics would have a mean near 10 or 20 there, the global ones 15."""
     proc = run_command(
         [
             mpiexec_path(),
@@ -442,6 +444,8 @@ def test_observation_statistics_are_merged_across_env_ranks(run_dir):
             *agentenv_command(
                 "train",
                 str(EXPERIMENTS / "pendulum_ppo.yaml"),
+                "--set",
+                "env.id=envs_for_tests:rank_offset_pendulum",
                 "--set",
                 f"run.run_dir={run_dir}",
                 "--set",
@@ -464,3 +468,10 @@ def test_observation_statistics_are_merged_across_env_ranks(run_dir):
     # Every observation any env rank saw went into the one global normalizer.
     assert summary["obs_normalizer_count"] == summary["env_steps"] == 8192
     assert np.isfinite(summary["episode_return_mean"])
+    # ... and every env rank normalized with it: the same broadcast statistics, those of the
+    # first update's whole batch (4,096 observations, 2,048 from each rank; no rollout follows
+    # the second update), with the mean of both ranks' shifted observations.
+    first, second = summary["env_rank_obs_normalizer"]
+    assert first == second
+    assert first["count"] == 4096
+    assert 13.0 < first["mean"][0] < 17.0, first

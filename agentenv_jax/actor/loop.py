@@ -403,6 +403,12 @@ class Actor:
             "policy_params": self._policy.num_params,
             **self._clock.report(),
         }
+        if self._normalize_obs:
+            # The statistics this rank normalizes with: the learner's last broadcast.
+            report["obs_normalizer"] = {
+                "count": float(self._obs_stats.count),
+                "mean": self._obs_stats.mean.tolist(),
+            }
         if self._text:
             report |= {
                 "produced_tokens": self.produced_tokens,

@@ -209,6 +209,8 @@ class Learner:
         self.done = False
         self.accounting: Accounting | None = None
         self.env_rank_cpu_share: list[float] | None = None  # per env rank, at the end
+        # With env.normalize_obs: the statistics each env rank normalized with at the end.
+        self.env_rank_obs_normalizer: list[dict[str, Any]] | None = None
         self.env_rank_policy_params: list[int] | None = None  # per env rank, at the end
         self._start_time = time.perf_counter()
         self.last_record: dict[str, Any] = {}
@@ -443,6 +445,8 @@ class Learner:
         if self.inference is not None:
             self.inference.close()
         self.env_rank_policy_params = [int(r.get("policy_params", -1)) for r in reports]
+        if all("obs_normalizer" in r for r in reports):
+            self.env_rank_obs_normalizer = [r["obs_normalizer"] for r in reports]
         if self._progress is not None:
             self._progress.close()
         return self.accounting

@@ -66,6 +66,10 @@ def write_summary(
         summary["hosts"] = hosts_of(processes)
     if hasattr(learner, "obs_stats"):
         summary["obs_normalizer_count"] = learner.obs_stats.count
+    if getattr(learner, "env_rank_obs_normalizer", None) is not None:
+        # Count and mean of the statistics each env rank normalized with at the end (the
+        # learner's last broadcast, the same for every rank).
+        summary["env_rank_obs_normalizer"] = learner.env_rank_obs_normalizer
     if getattr(learner, "text", None) is not None:
         summary |= learner.text.summary()
     if getattr(learner, "env_rank_policy_params", None) is not None:
