@@ -25,9 +25,10 @@ def test_list_and_train_by_name_from_another_folder(tmp_path):
     listed = run_command(agentenv_command("list"), timeout=60, cwd=tmp_path)
     assert listed.returncode == 0, listed.stderr
     experiments, sweeps = listed.stdout.split("\n\nsweeps (agentenv sweep NAME):\n")
-    names = [line.split()[0] for line in experiments.splitlines()]
+    # Each entry starts a line; its description may go on, indented, on the lines below.
+    names = [line.split()[0] for line in experiments.splitlines() if not line[:1].isspace()]
     assert names == sorted(p.stem for p in EXPERIMENTS.glob("*.yaml"))
-    sweep_names = [line.split()[0] for line in sweeps.splitlines()]
+    sweep_names = [line.split()[0] for line in sweeps.splitlines() if not line[:1].isspace()]
     assert sweep_names == sorted(p.stem for p in EXPERIMENTS.glob("sweeps/*.yaml"))
     proc = run_command(
         [
