@@ -21,6 +21,7 @@ from agentenv_jax.checkpoint.run_folder import RunFolderLock, lock_run_folder
 from agentenv_jax.config.errors import ConfigError
 from agentenv_jax.config.loading import config_to_dict, save_config
 from agentenv_jax.config.schema import ExperimentConfig
+from agentenv_jax.config.sizes import check_memory
 from agentenv_jax.doctor import jax_devices, runtime_record
 from agentenv_jax.launcher import detect_launcher
 from agentenv_jax.metrics.compilation import CompileTotals, compile_totals, use_persistent_cache
@@ -126,10 +127,11 @@ def _prepare_learner(
     """The learner's checks before anything is written: no other job uses the run folder (the
     lead takes its lock), which is free (a new run) or resumable with this config (a resume).
     Returns the config with its run name decided and, for a resume, the saved replay set to load
-    back."""
+    back. A config whose batch (or JAX envs) cannot fit in memory is refused first."""
     from agentenv_jax.learner.session import check_resumable
     from agentenv_jax.metrics.logger import require_tensorboard_writer
 
+    check_memory(config, learner=True)
     if config.run.tensorboard:
         require_tensorboard_writer()
     config = with_run_name(config)

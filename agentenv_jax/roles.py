@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from agentenv_jax.config.schema import ExperimentConfig
+from agentenv_jax.config.sizes import check_memory
 from agentenv_jax.policies import (
     actor_critic_network,
     build_actor_policy,
@@ -132,10 +133,13 @@ def check_group_baseline(config: ExperimentConfig, vector_env: Any) -> None:
 def prepare_env_rank(config: ExperimentConfig, topology: Topology):
     from agentenv_jax.envs.factory import check_first_reset, make_vector_env, vector_env_spaces
 
-    index = topology.env_rank_index
+    envs = topology.local_num_envs[topology.env_rank_index]
+    # Refused before the envs are made (a billion of them would fill the memory first), and
+    # again with the spaces' sizes before the segments or the replay partition are allocated.
+    check_memory(config, env_rank_envs=envs, learner=topology.is_learner)
     vector_env = make_vector_env(
         config.env,
-        topology.local_num_envs[index],
+        envs,
         config.network.critic,
         group_size=getattr(config.algorithm, "group_size", 1),
     )
@@ -143,6 +147,7 @@ def prepare_env_rank(config: ExperimentConfig, topology: Topology):
         check_first_reset(vector_env, config.env)
         spaces = vector_env_spaces(config.env.id, vector_env)
         check_spaces_fit(config, spaces, vector_env.single_action_space)
+        check_memory(config, spaces, env_rank_envs=envs, learner=topology.is_learner)
         check_group_baseline(config, vector_env)
     except Exception:
         vector_env.close()
