@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -210,3 +211,14 @@ def restorable_checkpoint(run_dir: Path) -> int:
 @pytest.fixture
 def run_dir(tmp_path: Path) -> Path:
     return tmp_path / "runs"
+
+
+@pytest.fixture(autouse=True)
+def _no_compile_left_running():
+    """A test that starts a learner without finishing it leaves its update compiling on a
+    thread of its own (`learner.ahead_of_time`): wait for it here, so that its compile is not
+    seen by the next test (which may count compiles)."""
+    yield
+    for thread in threading.enumerate():
+        if thread.name.startswith("compile-") and thread is not threading.current_thread():
+            thread.join(timeout=300)
