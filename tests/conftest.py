@@ -64,7 +64,7 @@ def start_job(
     env.update(extra_env or {})
     # Lets `env.id: envs_for_tests:<factory>` resolve on every rank.
     env["PYTHONPATH"] = os.pathsep.join([str(REPO / "tests"), env.get("PYTHONPATH", "")])
-    return subprocess.Popen(
+    proc = subprocess.Popen(
         args,
         cwd=cwd,
         env=env,
@@ -73,6 +73,92 @@ def start_job(
         text=True,
         start_new_session=True,
     )
+    _started_jobs.append(proc)
+    return proc
+
+
+# Every job start_job started, in order; `_no_job_left_running` ends those of each test.
+_started_jobs: list[subprocess.Popen] = []
+
+
+def _group_runs(pgid: int) -> bool:
+    """Whether a process of process group `pgid` still runs (is there and not a zombie)."""
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            state, _, pgrp = stat.read_text().rsplit(")", 1)[1].split()[:3]
+        except OSError:
+            continue  # gone meanwhile
+        if state != "Z" and int(pgrp) == pgid:
+            return True
+    return False
+
+
+def kill_job(proc: subprocess.Popen) -> None:
+    """SIGKILL a job's whole process group (mpiexec and its ranks) and wait, up to 10 s, until
+    none of it runs; reap its first process. The group is signalled only while that process
+    is unreaped (`returncode` None): its PID, the group's id, cannot belong to another yet."""
+    deadline = time.monotonic() + 10
+    if proc.returncode is None:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        # SIGKILL is delivered asynchronously: a rank may still be exiting when killpg returns.
+        while _group_runs(proc.pid) and time.monotonic() < deadline:
+            time.sleep(0.02)
+    try:
+        proc.wait(timeout=max(deadline - time.monotonic(), 0.1))
+    except subprocess.TimeoutExpired:
+        pass  # not ours to wait for any longer (an unkillable process in D state)
+
+
+@pytest.fixture(autouse=True)
+def _no_job_left_running():
+    """A job a test started and never waited to its end (the test failed first, or
+    pytest-timeout ended it) is killed with its process group after the test, so no mpiexec
+    job outlives its test. A job that ended is left as it is, for the test to have checked
+    that nothing it started remains."""
+    started = len(_started_jobs)  # jobs of module-scoped fixtures, set up before, stay
+    yield
+    while len(_started_jobs) > started:
+        kill_job(_started_jobs.pop())
+
+
+@dataclasses.dataclass(frozen=True)
+class _TestTimeout:
+    seconds: float  # the test's pytest-timeout
+    deadline: float  # time.monotonic() at which it expires, or a little after
+
+
+# The pytest-timeout of the test now running, or None (no timeout, or no test).
+_current_timeout: _TestTimeout | None = None
+
+
+def _pytest_timeout_of(item: pytest.Item) -> float | None:
+    """The timeout pytest-timeout gives `item`: its `timeout` marker's, else the command
+    line's, PYTEST_TIMEOUT's or the ini file's (setup.cfg: 600 s). None or 0: no timeout."""
+    import pytest_timeout
+
+    marker = item.get_closest_marker("timeout")
+    value = None
+    if marker is not None:
+        value = marker.kwargs.get("timeout", marker.args[0] if marker.args else None)
+    if value is None:
+        value = pytest_timeout.get_env_settings(item.config).timeout
+    return float(value) if value else None
+
+
+@pytest.hookimpl(hookwrapper=True, tryfirst=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None):
+    # Wraps pytest-timeout's own wrapper, which starts its timer (for setup, call and teardown
+    # together) after this: the deadline noted here is at or before the real one.
+    global _current_timeout
+    seconds = _pytest_timeout_of(item)
+    _current_timeout = (
+        None if seconds is None else _TestTimeout(seconds, time.monotonic() + seconds)
+    )
+    yield
+    _current_timeout = None
 
 
 def wait_for_records(
@@ -149,17 +235,52 @@ def end_rank(pid: int) -> None:
         pass  # gone with its job
 
 
+def _wait_limit(timeout: float) -> tuple[float, str]:
+    """`timeout`, or less: what is left of the running test's pytest-timeout, less a margin
+    (a tenth of it, at most 10 s) to kill the job and report it. With the reason, if less."""
+    if _current_timeout is None:
+        return timeout, ""
+    margin = min(10.0, 0.1 * _current_timeout.seconds)
+    left = _current_timeout.deadline - time.monotonic() - margin
+    if left >= timeout:
+        return timeout, ""
+    return left, f" (what the test's pytest-timeout of {_current_timeout.seconds:g} s leaves)"
+
+
+def _output_so_far(proc: subprocess.Popen) -> tuple[str, str]:
+    """What a killed job wrote, waiting at most 10 s: a process it started outside its group
+    may hold the pipes open."""
+    try:
+        return proc.communicate(timeout=10)
+    except subprocess.TimeoutExpired as expired:
+        parts = (expired.output, expired.stderr)
+        return tuple(p.decode(errors="replace") if isinstance(p, bytes) else p or "" for p in parts)
+
+
 def run_command(
     args: list[str], timeout: float, cwd: Path, extra_env: dict[str, str] | None = None
 ) -> subprocess.CompletedProcess:
-    """Run a command in its own process group; on timeout kill the whole group and fail."""
+    """Run a command in its own process group and wait up to `timeout` s, and never past the
+    running test's pytest-timeout (less a margin): on the limit, kill the whole group and
+    fail the test saying what ran, rather than pytest-timeout ending the test with the group
+    still running. Any other way out of the wait (pytest-timeout's exception, Ctrl-C, an
+    error) kills the group too."""
+    command = " ".join(args)
+    limit, why = _wait_limit(timeout)
+    if limit <= 0:
+        pytest.fail(f"{command} not started: no time left{why}")
     proc = start_job(args, cwd, extra_env)
+    finished = False
     try:
-        out, err = proc.communicate(timeout=timeout)
+        out, err = proc.communicate(timeout=limit)
+        finished = True
     except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, 9)
-        out, err = proc.communicate()
-        pytest.fail(f"{' '.join(args)} did not finish within {timeout} s\n{out}\n{err}")
+        kill_job(proc)
+        out, err = _output_so_far(proc)
+        pytest.fail(f"{command} did not finish within {limit:.1f} s{why}\n{out}\n{err}")
+    finally:
+        if not finished:
+            kill_job(proc)
     return subprocess.CompletedProcess(args, proc.returncode, out, err)
 
 
