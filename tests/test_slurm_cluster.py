@@ -1,7 +1,9 @@
-"""Real Slurm, on the one-node cluster `.ci/start_slurm` starts (CI starts it before the tests):
-`srun` steps whose ranks are killed or hang, `srun` without an MPI plugin, a generated `sbatch`
-script preempted with `scancel --signal=TERM`, requeued and resumed, and a sweep as a job array.
-Without a running Slurm these tests skip, except under CI, where they fail."""
+"""Real Slurm, on the one-machine cluster `.ci/start_slurm` starts (CI starts it before the
+tests; two nodes, one with a GPU that is /dev/null): `srun` steps whose ranks are killed or
+hang, `srun` without an MPI plugin, a generated `sbatch` script preempted with
+`scancel --signal=TERM`, requeued and resumed, the default heterogeneous script (learner and
+env ranks in two components), the script for a run folder, which resumes it, and a sweep as a
+job array. Without a running Slurm these tests skip, except under CI, where they fail."""
 
 from __future__ import annotations
 
@@ -24,6 +26,7 @@ from conftest import (
     EXPERIMENTS,
     REPO,
     agentenv_command,
+    mpi_launch,
     mpiexec_path,
     processes_with,
     read_events,
@@ -33,6 +36,7 @@ from conftest import (
     signal_rank_and_wait,
     start_job,
     wait_for_records,
+    wait_for_updates,
 )
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
@@ -73,9 +77,16 @@ def _wait_for_state(job: str, states: tuple[str, ...], timeout: float) -> str:
     return state
 
 
-def _sbatch(script: Path, cwd: Path) -> str:
+def _sbatch(script: Path, cwd: Path, extra_env: dict[str, str] | None = None) -> str:
+    """Submit `script`; the job gets this environment (sbatch's default `--export=ALL`) plus
+    `extra_env`."""
     submitted = subprocess.run(
-        ["sbatch", "--parsable", str(script)], capture_output=True, text=True, cwd=cwd, timeout=60
+        ["sbatch", "--parsable", str(script)],
+        capture_output=True,
+        text=True,
+        cwd=cwd,
+        timeout=60,
+        env={**os.environ, **(extra_env or {})},
     )
     assert submitted.returncode == 0, submitted.stderr
     return submitted.stdout.strip().split(";")[0]
@@ -350,3 +361,217 @@ def test_a_sweep_runs_as_a_slurm_job_array(tmp_path):
         assert "srun --mpi=pmi2" in (folder / "logs" / f"{trial}.log").read_text()
     rows = (folder / "trials.csv").read_text().splitlines()
     assert len(rows) == 3 and all(",finished" in row for row in rows[1:]), rows
+
+
+# Between two nodes, MPICH's UCX netmod (the mpich wheel's default) puts each rank's address in
+# PMI-1 lines of up to about 1,070 bytes, and Slurm 22.05's mpi/pmi2 plugin reads a PMI-1
+# request with one read of at most 1,024 bytes: a longer one is cut in two ("mpi/pmi2: value
+# not properly terminated in client request"), MPI_Init fails on one side and the other
+# component's ranks wait in it until the job is cancelled (the dead rank's `scancel JOB.STEP`
+# ends only its own component's tasks) — two starts in five here. The OFI netmod's addresses
+# fit in one line of 65 bytes. (Steps within one node exchange no addresses.)
+TWO_NODES_UNDER_PMI2 = {"MPIR_CVAR_CH4_NETMOD": "ofi"}
+
+
+def _needs_a_gpu_node_and_another() -> None:
+    """What a heterogeneous job needs on this cluster: a node with a GPU for the learner's
+    component and another for the env ranks' (Slurm's backfill, which alone starts such a job,
+    plans each component on a node of its own). `.ci/start_slurm` declares both."""
+    nodes = set(
+        subprocess.run(
+            ["sinfo", "-h", "-N", "-o", "%N %G"], capture_output=True, text=True, timeout=30
+        ).stdout.splitlines()
+    )
+    if len(nodes) < 2 or not any(line.split()[-1].startswith("gpu") for line in nodes):
+        message = (
+            f"this Slurm has no GPU node beside another (sinfo: {sorted(nodes)}), so a "
+            "heterogeneous job cannot start: `bash .ci/start_slurm` declares both"
+        )
+        if os.environ.get("CI") == "true":
+            pytest.fail(message)
+        pytest.skip(message)
+
+
+def _components(job: str) -> dict[int, dict[str, str]]:
+    """Each component of heterogeneous job `job` (by its HetJobOffset): NodeList, NumTasks and
+    TresPerTask, as `scontrol show job` has them."""
+    shown = subprocess.run(
+        ["scontrol", "show", "job", job], capture_output=True, text=True, timeout=30
+    ).stdout
+    components = {}
+    for block in shown.split("\n\n"):
+        offset = re.search(r"HetJobOffset=(\d+)", block)
+        if offset is not None:
+            fields = dict(re.findall(r"\b(NodeList|NumTasks|TresPerTask)=(\S*)", block))
+            components[int(offset.group(1))] = fields
+    return components
+
+
+def _slurm_variables(pid: int) -> dict[str, str]:
+    """The Slurm task's variables rank process `pid` started with: its node, its rank, and
+    the step's GPUs on its node (only a task given GPUs has SLURM_STEP_GPUS; CUDA_VISIBLE_DEVICES
+    every task inherits from the batch shell, which runs in component 0)."""
+    try:
+        raw = Path(f"/proc/{pid}/environ").read_bytes().decode(errors="replace")
+    except FileNotFoundError:
+        pytest.fail(f"rank process {pid} ended before the test could read its environment")
+    variables = dict(item.split("=", 1) for item in raw.split("\0") if "=" in item)
+    return {
+        key: variables[key]
+        for key in ("SLURMD_NODENAME", "SLURM_PROCID", "SLURM_STEP_GPUS")
+        if key in variables
+    }
+
+
+def test_the_default_heterogeneous_script_trains_with_learner_and_env_ranks_apart(tmp_path):
+    """`agentenv slurm` as it is by default (`--gpus 1`): a heterogeneous job whose component 0
+    is the learner with its GPU and component 1 the env ranks, one MPI world through
+    `srun --het-group=0,1`. On this cluster component 0 gets the node whose GPU is /dev/null
+    (JAX, built for the CPU, runs on the CPU) and component 1 the other node. The run trains
+    to its budget and its accounting reconciles; the start event's rank 0 is the learner and
+    runs in component 0 with the step's GPU, ranks 1 and 2 are env ranks in component 1 (each
+    rank's process, found by its pid, carries its Slurm task's node and GPUs).
+
+    What differs from a cluster: the job gets MPICH's OFI netmod through its environment
+    (TWO_NODES_UNDER_PMI2 says why the default, UCX, fails between nodes under this Slurm's
+    pmi2 plugin), the GPU is no device, and both nodes are this machine, so every rank's
+    `host` is the same."""
+    _needs_a_gpu_node_and_another()
+    budget = 8192
+    written = run_command(
+        agentenv_command(
+            "slurm",
+            "cartpole_ppo",
+            "--env-ranks",
+            "2",
+            "--time",
+            "00:10:00",
+            *settings(
+                f"run.run_dir={tmp_path / 'runs'}",
+                "run.name=het",
+                f"run.total_env_steps={budget}",
+            ),
+        ),
+        timeout=120,
+        cwd=tmp_path,
+    )
+    assert written.returncode == 0, written.stderr
+    script = (tmp_path / "het.sbatch").read_text()
+    assert "#SBATCH --ntasks=1\n#SBATCH --gpus-per-task=1\n#SBATCH hetjob\n" in script
+    assert "\nsrun --mpi=pmi2 --het-group=0,1 " in script
+    run_dir = tmp_path / "runs" / "het"
+    job = None
+    try:
+        job = _sbatch(tmp_path / "het.sbatch", tmp_path, TWO_NODES_UNDER_PMI2)
+        _wait_for_updates(run_dir, job, 1)  # every rank has started, and none has ended
+        start = next(e for e in read_events(run_dir) if e["event"] == "start")
+        tasks = {int(r): _slurm_variables(int(p["pid"])) for r, p in start["processes"].items()}
+        assert _wait_for_state(job, ("COMPLETED", "FAILED", "CANCELLED"), 300) == "COMPLETED"
+    finally:
+        _cancel(job)
+    components = _components(job)
+    assert sorted(components) == [0, 1], components
+    assert components[0]["NumTasks"] == "1" and components[0]["TresPerTask"] == "gres:gpu:1"
+    assert components[1]["NumTasks"] == "2" and "TresPerTask" not in components[1]
+    assert components[0]["NodeList"] != components[1]["NodeList"], components
+    assert sorted(start["processes"]) == ["0", "1", "2"], start["processes"]
+    assert start["runtime"]["launcher"] == "srun" and start["runtime"]["pmi"] == "PMI-2"
+    assert start["runtime"]["slurm_step"] == f"{job}.0"  # one step holds both components
+    assert start["processes"]["0"]["jax_devices"]["platform"] == "cpu"  # the learner
+    assert all("jax_devices" not in start["processes"][rank] for rank in ("1", "2"))
+    assert tasks == {
+        0: {
+            "SLURMD_NODENAME": components[0]["NodeList"],
+            "SLURM_PROCID": "0",
+            "SLURM_STEP_GPUS": "0",
+        },
+        1: {"SLURMD_NODENAME": components[1]["NodeList"], "SLURM_PROCID": "1"},
+        2: {"SLURMD_NODENAME": components[1]["NodeList"], "SLURM_PROCID": "2"},
+    }
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["topology"].startswith("1 learner + 2 env rank(s)")
+    assert summary["env_steps"] >= budget and not summary["interrupted"]
+    assert summary["accounting"]["reconciles"]
+    assert _starts_and_stops(run_dir) == [("start", 0)]
+    log = (tmp_path / "runs" / f"het.slurm-{job}.out").read_text()
+    assert log.count("(reconciles)") == 1, log[-3000:]
+
+
+def test_the_run_folder_script_resumes_the_run(tmp_path):
+    """`agentenv slurm RUN_DIR` for a run that was stopped early (SIGTERM under `mpiexec`, a
+    final checkpoint): the script it writes resumes that run (`--resume RUN_DIR`, with the
+    folder's own config.yaml, and no second config beside the script). Submitted, the job's
+    start resumes the saved state (a `resume` event at the stop's update, the checkpoint's
+    checksum) and trains to the budget; the counters continue (updates 1, 2, ... with none
+    twice or missed) and the accounting reconciles. The job has one component (`--gpus 0`);
+    the heterogeneous header the default adds is the test above's."""
+    budget = 8192
+    runs = tmp_path / "runs"
+    run_dir = runs / "early"
+    proc = start_job(
+        [
+            *mpi_launch(3),
+            *agentenv_command(
+                "train",
+                CARTPOLE,
+                *settings(
+                    f"run.run_dir={runs}",
+                    "run.name=early",
+                    f"run.total_env_steps={budget}",
+                    "checkpoint.every_updates=5",
+                ),
+            ),
+        ]
+    )
+    try:
+        wait_for_updates(proc, run_dir, 4, timeout=180)
+        proc.send_signal(signal.SIGTERM)  # MPICH's mpiexec passes it on and waits
+        _, stderr = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.communicate()
+    assert proc.returncode == 0, stderr[-3000:]
+    first = json.loads((run_dir / "summary.json").read_text())
+    assert first["interrupted"], "the run reached its budget before the stop"
+    stopped_at = first["updates"]
+    saved = [e for e in read_events(run_dir) if e["event"] == "checkpoint"][-1]
+    assert saved["update"] == stopped_at
+
+    written = run_command(
+        agentenv_command(
+            "slurm", str(run_dir), "--gpus", "0", "--env-ranks", "2", "--time", "00:10:00"
+        ),
+        timeout=120,
+        cwd=tmp_path,
+    )
+    assert written.returncode == 0, written.stderr
+    script = (tmp_path / "early.sbatch").read_text()
+    assert f"\nRUN_DIR={shlex.quote(str(run_dir))}\n" in script
+    assert f"  ARGS=({shlex.quote(str(run_dir / 'config.yaml'))})\n" in script
+    assert not (tmp_path / "early.yaml").exists()
+    job = None
+    try:
+        job = _sbatch(tmp_path / "early.sbatch", tmp_path)
+        assert _wait_for_state(job, ("COMPLETED", "FAILED", "CANCELLED"), 300) == "COMPLETED"
+    finally:
+        _cancel(job)
+    log = (runs / f"early.slurm-{job}.out").read_text()
+    assert _starts_and_stops(run_dir) == [
+        ("start", 0),
+        ("interrupted", stopped_at),
+        ("start", stopped_at),
+        ("resume", stopped_at),
+    ], log[-3000:]
+    events = read_events(run_dir)
+    second_start = [e for e in events if e["event"] == "start"][1]
+    assert second_start["runtime"]["slurm_step"] == f"{job}.0"
+    resume = next(e for e in events if e["event"] == "resume")
+    assert resume["state_checksum"] == saved["state_checksum"]
+    assert resume["records_cut"] == 0
+    updates = [r["update"] for r in read_metrics(run_dir / "metrics.jsonl")]
+    assert updates == list(range(1, len(updates) + 1)) and len(updates) > stopped_at
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["env_steps"] >= budget and not summary["interrupted"]
+    assert summary["accounting"]["reconciles"]
+    assert log.count("(reconciles)") == 1, log[-3000:]
