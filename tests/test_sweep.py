@@ -30,7 +30,14 @@ from agentenv_jax.sweeps.results import (
 from agentenv_jax.sweeps.runner import SweepRunner, _Running, progress_heads, trial_command
 from agentenv_jax.sweeps.spec import check_trials, expand, read_sweep
 
-from conftest import agentenv_command, run_command, settings, start_job, wait_for_updates
+from conftest import (
+    agentenv_command,
+    read_events,
+    run_command,
+    settings,
+    start_job,
+    wait_for_updates,
+)
 
 TRIAL_BUDGET = ["run.total_env_steps=1024", "run.progress=false", "env.global_num_envs=4"]
 
@@ -201,7 +208,8 @@ def test_a_resumed_trial_times_all_its_sessions(tmp_path):
 @pytest.mark.slow
 def test_a_trial_stopped_and_resumed_by_the_sweep_times_both_sessions(tmp_path):
     """SIGTERM the sweep mid-trial (the trial checkpoints and writes its summary), run it
-    again: the trial resumes, and trials.csv's wall time is both sessions' (the first one's
+    again: the trial resumes from that checkpoint (its resume event has the checkpoint's
+    update and state checksum), and trials.csv's wall time is both sessions' (the first one's
     summary, read before the resume replaced it, plus the last one's)."""
     budget = ["run.total_env_steps=20000", "run.progress=false", "env.global_num_envs=4"]
     path = _sweep_file(tmp_path, name="stop", set=budget)
@@ -213,9 +221,16 @@ def test_a_trial_stopped_and_resumed_by_the_sweep_times_both_sessions(tmp_path):
     assert sweep.wait(timeout=120) == 130, sweep.communicate()
     first = json.loads((trial / "summary.json").read_text())
     assert first["interrupted"] and first["env_steps"] < 20000, "stop the trial mid-way"
+    saved = [e for e in read_events(trial) if e["event"] == "checkpoint"][-1]  # on the stop
 
     resumed = run_command(agentenv_command("sweep", str(path)), timeout=300, cwd=tmp_path)
     assert resumed.returncode == 0, resumed.stdout + resumed.stderr
+    # The trial went on from that checkpoint: its one resume restored that update and state.
+    resumes = [e for e in read_events(trial) if e["event"] == "resume"]
+    assert len(resumes) == 1, f"the trial resumed {len(resumes)} times, not once"
+    (resume,) = resumes
+    assert resume["update"] == saved["update"] > 0
+    assert resume["state_checksum"] == saved["state_checksum"]
     assert "resumed trial 1 of 1" in resumed.stdout
     last = json.loads((trial / "summary.json").read_text())
     (row,) = _read_csv(folder / "trials.csv")
