@@ -1,6 +1,7 @@
-"""Training on the spaces users bring: a CNN learns Catch from uint8 pixels, and each newly
-supported space trains under a real `mpiexec -n 3` job (images with stacked frames; Discrete,
-Tuple and Dict observations; MultiDiscrete and MultiBinary actions)."""
+"""Training on the spaces users bring: a CNN learns Catch from uint8 pixels (PPO's Nature CNN,
+IMPALA's ResNet on stacked frames), and each newly supported space trains under a real
+`mpiexec -n 3` job (images with stacked frames; Discrete, Tuple and Dict observations;
+MultiDiscrete and MultiBinary actions)."""
 
 from __future__ import annotations
 
@@ -57,6 +58,36 @@ def test_one_process_cnn_learns_catch_from_pixels(run_dir):
     result = train(config)
     assert result.episode_return_mean >= 0.8
     assert result.env_steps <= 25_000
+
+
+# Catch: uniformly random play scores -0.63 (1000 episodes on the evaluation seeds; it catches
+# 19% of the balls).
+# IMPALA with the ResNet torso on 2 stacked frames, 16 envs x 16 steps per update, learning
+# rate 3e-3 annealed to 0 over 40k env steps, in one process: the mean over the last 100
+# episodes ends at 1.0, 0.96 and 1.0 on seeds 0-2 (first reaching 1.0 after 23k-28k steps);
+# untrained (learning rate 1e-9) at about -0.6. Kept constant, the same learning rate (or 2e-3)
+# reaches 0.7-0.96 and then falls back to about -0.6 within 40k steps.
+CATCH_RANDOM_RETURN, IMPALA_CATCH_THRESHOLD = -0.63, 0.5
+
+
+@pytest.mark.slow
+def test_impala_resnet_learns_catch_from_stacked_frames(run_dir):
+    config = load_config(
+        CATCH,
+        [
+            f"run.run_dir={run_dir}",
+            "run.name=catch-impala",
+            "run.progress=false",
+            "algorithm={name: impala, rollout_length: 16, max_policy_lag: 1, "
+            "learning_rate: 3.0e-3, lr_schedule: linear}",
+            "network.torso=impala_cnn",
+            "env.frame_stack=2",
+            "run.total_env_steps=40000",
+        ],
+    )
+    result = train(config)
+    assert result.episode_return_mean >= IMPALA_CATCH_THRESHOLD > CATCH_RANDOM_RETURN
+    assert result.accounting["reconciles"], result.accounting
 
 
 @pytest.mark.slow
