@@ -10,14 +10,14 @@ from __future__ import annotations
 from typing import Any
 
 _API = {
-    "Run": "agentenv_jax.api",
-    "load_run": "agentenv_jax.api",
-    "train": "agentenv_jax.api",
-    "evaluate": "agentenv_jax.evaluation",
+    "Run": "agentenv_jax.workflow.api",
+    "load_run": "agentenv_jax.workflow.api",
+    "train": "agentenv_jax.workflow.api",
+    "evaluate": "agentenv_jax.workflow.evaluation",
     "load_config": "agentenv_jax.config.loading",
-    "sweep": "agentenv_jax.sweeps.loading",
-    "load_sweep": "agentenv_jax.sweeps.loading",
-    "Sweep": "agentenv_jax.sweeps.loading",
+    "sweep": "agentenv_jax.workflow.sweeps.loading",
+    "load_sweep": "agentenv_jax.workflow.sweeps.loading",
+    "Sweep": "agentenv_jax.workflow.sweeps.loading",
 }
 
 __all__ = sorted(_API)

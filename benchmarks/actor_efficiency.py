@@ -138,8 +138,8 @@ def make_setup(config_path: Path, vectorization: str, num_envs: int) -> EnvRankS
     from agentenv_jax.config.loading import load_config
     from agentenv_jax.envs import normalization as norm
     from agentenv_jax.networks import init_params
-    from agentenv_jax.policies import actor_critic_network
-    from agentenv_jax.roles import prepare_env_rank
+    from agentenv_jax.runtime.policies import actor_critic_network
+    from agentenv_jax.runtime.roles import prepare_env_rank
     from agentenv_jax.transport.messages import param_message_spec
     from agentenv_jax.transport.topology import make_topology
 
@@ -174,7 +174,7 @@ class PlainLoop:
 
     def __init__(self, setup: EnvRankSetup):
         from agentenv_jax.envs.factory import make_vector_env
-        from agentenv_jax.policies import build_actor_policy
+        from agentenv_jax.runtime.policies import build_actor_policy
 
         config, spaces, topology = setup.config, setup.spaces, setup.topology
         self._policy = build_actor_policy(config, topology, spaces)  # as the actor's own
@@ -213,7 +213,7 @@ class InProcessFramework:
     """The real Actor over the in-process transport, fed by a learner that only echoes params."""
 
     def __init__(self, setup: EnvRankSetup):
-        from agentenv_jax.roles import build_actor, prepare_env_rank
+        from agentenv_jax.runtime.roles import build_actor, prepare_env_rank
         from agentenv_jax.transport.inprocess import InProcessTransport
 
         self._setup = setup
@@ -345,7 +345,7 @@ def mpi_worker(args: argparse.Namespace) -> None:
         raise SystemExit("the MPI variant needs exactly 2 ranks (mpiexec -n 2)")
     if world.Get_rank() == 1:
         from agentenv_jax.config.loading import load_config
-        from agentenv_jax.roles import single_threaded_xla
+        from agentenv_jax.runtime.roles import single_threaded_xla
 
         # As launch.run_mpi does on env ranks, before the first XLA computation.
         if load_config(args.config).topology.single_threaded_env_ranks:
@@ -392,7 +392,7 @@ def _mpi_learner(comm: Any) -> None:
 def _mpi_env_rank(
     comm: Any, args: argparse.Namespace, vectorization: str, num_envs: int
 ) -> CaseResult:
-    from agentenv_jax.roles import build_actor, prepare_env_rank
+    from agentenv_jax.runtime.roles import build_actor, prepare_env_rank
     from agentenv_jax.transport.mpi import MPIActorChannel
 
     setup = make_setup(args.config, vectorization, num_envs)

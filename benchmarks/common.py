@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from agentenv_jax.metrics.compilation import CACHE_DIR_VARIABLE
-from agentenv_jax.mpi_job import environment_without_launcher, find_mpiexec
+from agentenv_jax.runtime.mpi_job import environment_without_launcher, find_mpiexec
 
 
 def clean_env() -> dict[str, str]:
@@ -151,7 +151,7 @@ def run_agentenv_mpi(
     mpiexec = find_mpiexec()
     if mpiexec is None:
         raise SystemExit("mpiexec not found: install the mpich wheel (pip install mpich)")
-    command = [mpiexec, "-n", str(ranks), sys.executable, "-m", "agentenv_jax.cli"]
+    command = [mpiexec, "-n", str(ranks), sys.executable, "-m", "agentenv_jax.workflow.cli"]
     command += ["train", str(config)]
     for override in overrides:
         command += ["--set", override]

@@ -33,14 +33,15 @@ GOALS = {"2 env ranks": 1.7, "3 env ranks": 2.2}
 
 
 def _rank_memory_mb(marker: str, world: int) -> dict[int, float]:
-    """Resident MB of the job's rank processes (`agentenv_jax.cli train` with `marker` on the
-    command line; under mpiexec the ranks themselves, not their small supervisors), by pid."""
+    """Resident MB of the job's rank processes (`agentenv_jax.workflow.cli train` with `marker`
+    on the command line; under mpiexec the ranks themselves, not their small supervisors), by
+    pid."""
     found = {}
     for proc in Path("/proc").iterdir():
         try:
             cmdline = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode()
             is_rank = world == 1 or b"AGENTENV_RANK_PROCESS=1" in (proc / "environ").read_bytes()
-            if marker in cmdline and "agentenv_jax.cli" in cmdline and is_rank:
+            if marker in cmdline and "agentenv_jax.workflow.cli" in cmdline and is_rank:
                 status = (proc / "status").read_text()
                 found[int(proc.name)] = int(status.split("VmRSS:")[1].split()[0]) / 1024
         except (OSError, IndexError, ValueError):
@@ -49,7 +50,7 @@ def _rank_memory_mb(marker: str, world: int) -> dict[int, float]:
 
 
 def run_side(world: int, args: argparse.Namespace, run_dir: Path, name: str) -> dict:
-    command = [sys.executable, "-m", "agentenv_jax.cli", "train", str(CONFIG)]
+    command = [sys.executable, "-m", "agentenv_jax.workflow.cli", "train", str(CONFIG)]
     if world > 1:
         command = [find_mpiexec(), "-n", str(world), *command]
     settings = [

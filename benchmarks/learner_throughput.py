@@ -76,11 +76,11 @@ def ppo_throughput(config, args) -> dict:
     """PPO's (or, on a text env, token-level PPO's) update as the learner builds it
     (`on_policy_model`: network, optimizer, update, train state), on its mesh."""
     from agentenv_jax.buffers.segment_queue import on_policy_segment_spec
+    from agentenv_jax.learner.devices import learner_devices
     from agentenv_jax.learner.loop import jit_sharded_update, rollout_shapes
     from agentenv_jax.learner.on_policy_model import on_policy_model
     from agentenv_jax.parallel.mesh import make_mesh, place_on_mesh, row_constraint
     from agentenv_jax.parallel.partitioning import check_model_axis_divides, state_shardings
-    from agentenv_jax.roles import learner_devices
 
     spaces = _spaces(config)
     mesh = make_mesh(learner_devices(config), model=config.topology.model_axis)
@@ -153,10 +153,10 @@ def _generation_throughput(config, spaces, params, args) -> dict:
 
 
 def sac_throughput(config, args) -> dict:
+    from agentenv_jax.learner.devices import learner_devices
     from agentenv_jax.learner.replay_loop import BATCH_FIELDS
     from agentenv_jax.learner.sac_training import make_sac_training
     from agentenv_jax.parallel.mesh import make_mesh
-    from agentenv_jax.roles import learner_devices
 
     spaces = _spaces(config)
     mesh = make_mesh(learner_devices(config))

@@ -289,7 +289,7 @@ def case_config(args: argparse.Namespace, prioritized: bool) -> Any:
 
 def env_rank(comm: Any, config: Any) -> None:
     """One partition: the real ReplayActor, running its own loop until told to stop."""
-    from agentenv_jax.roles import prepare_env_rank, replay_plan
+    from agentenv_jax.runtime.roles import prepare_env_rank, replay_plan
     from agentenv_jax.transport.topology import make_topology
 
     topology = make_topology(config, comm.Get_size(), comm.Get_rank())
@@ -325,7 +325,7 @@ def learner_rank(comm: Any, config: Any, args: argparse.Namespace, mode: str) ->
 
     from agentenv_jax.learner.sac_training import sac_networks_for
     from agentenv_jax.networks.flat_params import FlatLayout
-    from agentenv_jax.roles import prepare_env_rank, replay_plan
+    from agentenv_jax.runtime.roles import prepare_env_rank, replay_plan
     from agentenv_jax.transport import messages
     from agentenv_jax.transport.topology import make_topology
 
@@ -444,7 +444,7 @@ def worker(args: argparse.Namespace) -> None:
     if world.Get_size() < 2:
         raise SystemExit("replay_sampling workers need >= 2 ranks (mpiexec -n P+1)")
     if world.Get_rank() > 0:
-        from agentenv_jax.roles import single_threaded_xla
+        from agentenv_jax.runtime.roles import single_threaded_xla
 
         single_threaded_xla()  # as launch.run_mpi does on env ranks
     for mode in args.modes:

@@ -10,11 +10,11 @@ update per env step, uniform replay of 100,000, 1,000 random steps first); the e
 Every run is a fresh subprocess, and the two sides take turns within each seed (the order
 alternates from seed to seed). What each clock covers:
 
-* **one process**: `agentenv_jax.launch.train(load_config(...))` over the in-process replay
+* **one process**: `agentenv_jax.runtime.launch.train(load_config(...))` over the in-process replay
   transport. Reported: `wall_s` of its `summary.json` (from the end of env and network set-up
   to the end of the run: learner construction, every jit compile, training); the whole
   `train()` call is shown beside it.
-* **mpiexec -n 3**: `mpiexec -n 3 python -m agentenv_jax.cli train ...` (the `agentenv`
+* **mpiexec -n 3**: `mpiexec -n 3 python -m agentenv_jax.workflow.cli train ...` (the `agentenv`
   command). Reported: the learner's `wall_s` from `summary.json` (from the end of the ranks'
   start-up agreement, compiles included); the job's launch-to-exit time, with three
   interpreters importing JAX on the same cores, is shown beside it.
@@ -108,7 +108,7 @@ def one_process_worker(args: argparse.Namespace) -> dict[str, Any]:
     """One single-process run in this (fresh) interpreter."""
     started = time.perf_counter()
     from agentenv_jax.config.loading import load_config
-    from agentenv_jax.launch import train
+    from agentenv_jax.runtime.launch import train
 
     import_s = time.perf_counter() - started
     name = f"one-seed{args.seed}"

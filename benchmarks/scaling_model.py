@@ -562,7 +562,14 @@ def train(
         f"run.transport_timeout_s={args.timeout}",
         "checkpoint.on_exit=false",
     ]
-    command = [find_mpiexec(), "-n", str(1 + env_ranks), sys.executable, "-m", "agentenv_jax.cli"]
+    command = [
+        find_mpiexec(),
+        "-n",
+        str(1 + env_ranks),
+        sys.executable,
+        "-m",
+        "agentenv_jax.workflow.cli",
+    ]
     command += ["train", str(CONFIG), *[a for s in settings for a in ("--set", s)]]
     started = time.perf_counter()
     _, others_cores = _launch(command, name, args.job_timeout)

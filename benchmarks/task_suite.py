@@ -23,10 +23,10 @@ from common import provenance
 
 from agentenv_jax.config.experiments import shipped_sweeps
 from agentenv_jax.config.loading import load_config
-from agentenv_jax.evaluation import EVAL_SEED_BASE
-from agentenv_jax.sweeps.loading import load_sweep
-from agentenv_jax.sweeps.runner import SweepRunner, prepare
-from agentenv_jax.sweeps.spec import read_sweep
+from agentenv_jax.workflow.evaluation import EVAL_SEED_BASE
+from agentenv_jax.workflow.sweeps.loading import load_sweep
+from agentenv_jax.workflow.sweeps.runner import SweepRunner, prepare
+from agentenv_jax.workflow.sweeps.spec import read_sweep
 
 TASKS = sorted(n.removeprefix("suite_") for n in shipped_sweeps() if n.startswith("suite_"))
 RANDOM_EPISODES = 10

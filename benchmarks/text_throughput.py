@@ -126,7 +126,7 @@ def steady_rates(run_dir: Path, k0: int) -> dict[str, float]:
 def train_job(world: int, config: Path, settings: list[str], name: str, args) -> dict[str, Any]:
     """One training job of `world` processes (1: no mpiexec), clocked from just before its
     launch to its exit, with an empty compilation cache of its own; its rates."""
-    command = [sys.executable, "-m", "agentenv_jax.cli", "train", str(config)]
+    command = [sys.executable, "-m", "agentenv_jax.workflow.cli", "train", str(config)]
     if world > 1:
         command = [find_mpiexec(), "-n", str(world), *command]
     settings = [*settings, f"run.run_dir={args.run_root}", f"run.name={name}"]

@@ -126,7 +126,7 @@ def agentenv_worker(args: argparse.Namespace) -> dict[str, Any]:
     """One single-process agentenv_jax run in this (fresh) interpreter, clocked from its
     launch (`--launched-at`)."""
     from agentenv_jax.config.loading import load_config
-    from agentenv_jax.launch import train
+    from agentenv_jax.runtime.launch import train
 
     imported = time.time()
     config = load_config(

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from agentenv_jax.metrics.compilation import CACHE_DIR_VARIABLE
-from agentenv_jax.mpi_job import environment_without_launcher, find_mpiexec
+from agentenv_jax.runtime.mpi_job import environment_without_launcher, find_mpiexec
 
 REPO = Path(__file__).resolve().parent.parent
 EXPERIMENTS = REPO / "experiments"
@@ -227,7 +227,7 @@ def signal_rank_and_wait(
 def end_rank(pid: int) -> None:
     """Continue and kill a rank process a test stopped, if it is still that process."""
     try:
-        if "agentenv_jax.cli" not in Path(f"/proc/{pid}/cmdline").read_text():
+        if "agentenv_jax.workflow.cli" not in Path(f"/proc/{pid}/cmdline").read_text():
             return
         os.kill(pid, signal.SIGCONT)
         os.kill(pid, signal.SIGKILL)
@@ -300,7 +300,7 @@ def processes_with(marker: str) -> list[str]:
 
 
 def agentenv_command(*args: str) -> list[str]:
-    return [sys.executable, "-m", "agentenv_jax.cli", *args]
+    return [sys.executable, "-m", "agentenv_jax.workflow.cli", *args]
 
 
 def settings(*overrides: str) -> list[str]:

@@ -186,7 +186,7 @@ def rank_offset_pendulum(offset_per_rank: float = 10.0) -> gym.Env:
     """Pendulum whose first observation (cos theta, in [-1, 1]) is shifted by `offset_per_rank`
     times the MPI rank of the process stepping it: env ranks see different observations, so
     statistics each rank gathered alone would differ from the global ones."""
-    from agentenv_jax.launcher import launcher_rank
+    from agentenv_jax.transport.launcher import launcher_rank
 
     shift = np.zeros(3, dtype=np.float32)
     shift[0] = offset_per_rank * int(launcher_rank() or 0)

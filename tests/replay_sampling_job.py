@@ -25,7 +25,7 @@ from mpi4py import MPI
 
 from agentenv_jax.buffers.replay import split_batch
 from agentenv_jax.config import load_config
-from agentenv_jax.roles import prepare_env_rank, replay_plan
+from agentenv_jax.runtime.roles import prepare_env_rank, replay_plan
 from agentenv_jax.transport.messages import REPLAY_COUNTERS
 from agentenv_jax.transport.topology import make_topology
 

@@ -12,10 +12,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from agentenv_jax.cli import main
 from agentenv_jax.config.loading import config_to_dict, load_config
 from agentenv_jax.config.reference import config_reference
 from agentenv_jax.config.schema import ExperimentConfig
+from agentenv_jax.workflow.cli import main
 
 from conftest import REPO, agentenv_command, run_command, settings
 

@@ -3,13 +3,13 @@ terminal's width."""
 
 from __future__ import annotations
 
-from agentenv_jax.cli import main
 from agentenv_jax.config.experiments import (
     describe,
     format_listing,
     shipped_experiments,
     shipped_sweeps,
 )
+from agentenv_jax.workflow.cli import main
 
 
 def test_the_name_column_fits_the_longest_name_and_descriptions_wrap_under_it():

@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 
 from agentenv_jax.checkpoint.store import CheckpointError
-from agentenv_jax.cli import main
-from agentenv_jax.evaluation import evaluate
+from agentenv_jax.workflow.cli import main
+from agentenv_jax.workflow.evaluation import evaluate
 
 
 def _sweep_folder(tmp_path, trials):

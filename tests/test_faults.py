@@ -9,7 +9,7 @@ from gymnasium.utils.env_checker import check_env
 
 from agentenv_jax.config import load_config
 from agentenv_jax.envs.faults import FaultInjectingEnv, RecreateOnFault, fault_mask, faulty_env
-from agentenv_jax.launch import train
+from agentenv_jax.runtime.launch import train
 
 from conftest import EXPERIMENTS
 

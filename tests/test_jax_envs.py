@@ -16,9 +16,9 @@ from agentenv_jax.checkpoint import CheckpointError
 from agentenv_jax.config import ConfigError, load_config
 from agentenv_jax.envs.jax_envs import make_jax_env
 from agentenv_jax.envs.spaces import EnvError
-from agentenv_jax.evaluation import evaluate
-from agentenv_jax.launch import train
 from agentenv_jax.metrics.logger import read_metrics
+from agentenv_jax.runtime.launch import train
+from agentenv_jax.workflow.evaluation import evaluate
 
 from conftest import (
     EXPERIMENTS,

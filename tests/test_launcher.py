@@ -7,8 +7,13 @@ import re
 
 import pytest
 
-from agentenv_jax.doctor import _problems
-from agentenv_jax.launcher import detect_launcher, launcher_rank, slurm_step, world_mismatch
+from agentenv_jax.runtime.doctor import _problems
+from agentenv_jax.transport.launcher import (
+    detect_launcher,
+    launcher_rank,
+    slurm_step,
+    world_mismatch,
+)
 
 from conftest import agentenv_command, mpiexec_path, run_command
 

@@ -14,12 +14,10 @@ import pytest
 
 from agentenv_jax.algorithms.ppo import PPOHyperparams, make_ppo_loss
 from agentenv_jax.config import ExperimentConfig, load_config
-from agentenv_jax.envs.factory import make_vector_env, vector_env_spaces
+from agentenv_jax.envs.factory import EVAL_SEED_BASE, make_vector_env, vector_env_spaces
 from agentenv_jax.envs.multi_agent.columns import ACTED, AgentColumns
 from agentenv_jax.envs.multi_agent.navigation import NavigationVectorEnv
 from agentenv_jax.envs.multi_agent.predator_prey import PredatorPreyVectorEnv
-from agentenv_jax.evaluation import EVAL_SEED_BASE
-from agentenv_jax.launch import train
 from agentenv_jax.metrics.episode_window import EpisodeWindow
 from agentenv_jax.networks import (
     action_distribution,
@@ -27,6 +25,7 @@ from agentenv_jax.networks import (
     init_params,
     make_actor_critic,
 )
+from agentenv_jax.runtime.launch import train
 
 from conftest import EXPERIMENTS, REPO, agentenv_command, mpiexec_path, run_command, settings
 

@@ -30,7 +30,7 @@ def test_notebook_is_valid_and_says_what_to_install(path):
     # A notebook that draws plots says in its first cell that they need matplotlib.
     code = "".join(cell.source for cell in notebook.cells if cell.cell_type == "code")
     first = next(cell.source for cell in notebook.cells if cell.cell_type == "markdown")
-    if "agentenv_jax.plotting" in code:
+    if "agentenv_jax.workflow.plotting" in code:
         assert "matplotlib" in first, first
         assert re.search(r"pip install 'agentenv_jax\[([\w-]+,)*plot\b", first), first
 

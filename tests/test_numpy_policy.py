@@ -14,7 +14,7 @@ from agentenv_jax.envs.spaces import EnvSpaces
 from agentenv_jax.networks import action_distribution
 from agentenv_jax.networks.actor_critic import init_params, make_actor_critic
 from agentenv_jax.networks.flat_params import FlatLayout
-from agentenv_jax.policies import uses_numpy_inference
+from agentenv_jax.runtime.policies import uses_numpy_inference
 
 from conftest import EXPERIMENTS
 
@@ -69,7 +69,7 @@ def _spaces(obs_shape, image: bool) -> EnvSpaces:
 
 
 def _layout(config, spaces):
-    from agentenv_jax.policies import actor_critic_network
+    from agentenv_jax.runtime.policies import actor_critic_network
 
     return actor_critic_network(config, spaces)[2]
 

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 import agentenv_jax as ae
-from agentenv_jax.plotting import curves, draw_runs, series, time_breakdown
+from agentenv_jax.workflow.plotting import curves, draw_runs, series, time_breakdown
 
 from conftest import REPO, agentenv_command, run_command
 
@@ -115,7 +115,7 @@ def test_plot_without_matplotlib_is_one_line_and_exit_2(runs, tmp_path):
     # `import matplotlib` fails as it does where the `plot` extra is not installed.
     script = (
         "import sys; sys.modules['matplotlib'] = None; "
-        "from agentenv_jax.cli import main; sys.exit(main(sys.argv[1:]))"
+        "from agentenv_jax.workflow.cli import main; sys.exit(main(sys.argv[1:]))"
     )
     proc = run_command(
         [sys.executable, "-c", script, "plot", str(runs[0].run_dir), "-o", str(tmp_path / "x.png")],

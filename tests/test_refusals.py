@@ -19,14 +19,14 @@ import pytest
 import yaml
 
 from agentenv_jax.algorithms.token_ppo import make_token_ppo_loss
-from agentenv_jax.cli import main
 from agentenv_jax.config.errors import ConfigError
 from agentenv_jax.config.loading import load_config
 from agentenv_jax.envs.spaces import TextSpec
-from agentenv_jax.evaluation import evaluate
-from agentenv_jax.launch import train
 from agentenv_jax.learner.text_training import token_ppo_hyperparams
 from agentenv_jax.networks.text_models import language_model_for
+from agentenv_jax.runtime.launch import train
+from agentenv_jax.workflow.cli import main
+from agentenv_jax.workflow.evaluation import evaluate
 
 from conftest import EXPERIMENTS, mpi_launch, read_events, run_command, settings
 
@@ -35,7 +35,7 @@ from conftest import EXPERIMENTS, mpi_launch, read_events, run_command, settings
 _WITHOUT_MODULE = """
 import sys
 sys.modules[sys.argv[1]] = None
-from agentenv_jax.cli import main
+from agentenv_jax.workflow.cli import main
 sys.exit(main(sys.argv[2:]))
 """
 
@@ -235,7 +235,7 @@ def test_env_ranks_run_xla_single_threaded(tmp_path, single_threaded):
             *mpi_launch(2),
             sys.executable,
             "-m",
-            "agentenv_jax.cli",
+            "agentenv_jax.workflow.cli",
             "train",
             "cartpole_ppo",
             *settings(

@@ -11,7 +11,7 @@ import subprocess
 import pytest
 
 from agentenv_jax.config import ConfigError
-from agentenv_jax.slurm import (
+from agentenv_jax.workflow.slurm import (
     SlurmJob,
     SweepArrayJob,
     default_mpi_plugin,
@@ -75,7 +75,7 @@ stop_and_requeue() {
   scontrol requeue "$SLURM_JOB_ID"
 }
 trap stop_and_requeue USR1
-srun --mpi=pmix --het-group=0,1 /opt/venv/bin/python -m agentenv_jax.cli train "${ARGS[@]}" &
+srun --mpi=pmix --het-group=0,1 /opt/venv/bin/python -m agentenv_jax.workflow.cli train "${ARGS[@]}" &
 TRAIN_PID=$!
 wait "$TRAIN_PID"
 """
@@ -88,7 +88,7 @@ def test_without_gpus_one_component_holds_every_rank():
     script = sbatch_script(SlurmJob("cp", "/c.yaml", "/runs/cp", env_ranks=7, env_nodes=2, gpus=0))
     assert "hetjob" not in script and "--het-group" not in script
     assert "#SBATCH --nodes=2\n#SBATCH --ntasks=8\n" in script
-    assert "\nsrun --mpi=pmix python -m agentenv_jax.cli train" in script
+    assert "\nsrun --mpi=pmix python -m agentenv_jax.workflow.cli train" in script
 
 
 @pytest.mark.parametrize(
@@ -106,7 +106,7 @@ def test_impossible_jobs_name_the_setting(change, message):
 
 FOUR_TRIALS = SweepArrayJob(
     job_name="lr",
-    sweep_command="/opt/venv/bin/python -m agentenv_jax.cli sweep /home/me/lr.yaml",
+    sweep_command="/opt/venv/bin/python -m agentenv_jax.workflow.cli sweep /home/me/lr.yaml",
     folder="/scratch/runs/lr",
     workdir="/home/me",
     trials=4,
@@ -150,7 +150,7 @@ stop_and_requeue() {
   scontrol requeue "$SLURM_JOB_ID"
 }
 trap stop_and_requeue USR1
-/opt/venv/bin/python -m agentenv_jax.cli sweep /home/me/lr.yaml --trial "$SLURM_ARRAY_TASK_ID" --launcher 'srun --mpi=pmix' &
+/opt/venv/bin/python -m agentenv_jax.workflow.cli sweep /home/me/lr.yaml --trial "$SLURM_ARRAY_TASK_ID" --launcher 'srun --mpi=pmix' &
 SWEEP_PID=$!
 wait "$SWEEP_PID"
 """
@@ -171,5 +171,5 @@ wait "$SWEEP_PID"
 )
 def test_srun_speaks_the_pmi_of_the_mpi_wheel_installed(monkeypatch, wheels, plugin):
     """MPICH and Intel MPI join an srun step over PMI-2; Open MPI 5 only over PMIx."""
-    monkeypatch.setattr("agentenv_jax.doctor.mpi_wheels", lambda: wheels)
+    monkeypatch.setattr("agentenv_jax.runtime.doctor.mpi_wheels", lambda: wheels)
     assert default_mpi_plugin() == plugin

@@ -12,7 +12,7 @@ from agentenv_jax.config import load_config
 from agentenv_jax.envs.catch import CATCH_ID, Catch
 from agentenv_jax.envs.factory import EnvError, describe_spaces, make_vector_env
 from agentenv_jax.envs.observation_wrappers import wrap_observations
-from agentenv_jax.roles import check_spaces_fit, plan_for, prepare_env_rank
+from agentenv_jax.runtime.roles import check_spaces_fit, plan_for, prepare_env_rank
 from agentenv_jax.transport.topology import make_topology
 
 from conftest import EXPERIMENTS

@@ -10,8 +10,8 @@ import json
 import pytest
 
 from agentenv_jax.config import load_config
-from agentenv_jax.evaluation import evaluate
-from agentenv_jax.launch import train
+from agentenv_jax.runtime.launch import train
+from agentenv_jax.workflow.evaluation import evaluate
 
 from conftest import EXPERIMENTS, REPO, agentenv_command, mpiexec_path, run_command, settings
 

@@ -11,11 +11,11 @@ import numpy as np
 import pytest
 
 from agentenv_jax.config import load_config
-from agentenv_jax.launch import train
 from agentenv_jax.learner.ahead_of_time import CompiledAhead
 from agentenv_jax.networks import init_params, make_actor_critic
 from agentenv_jax.networks.actor_critic import actor_critic_param_shapes
 from agentenv_jax.networks.initializers import init_on_host, orthogonal_matrix
+from agentenv_jax.runtime.launch import train
 
 from conftest import EXPERIMENTS
 

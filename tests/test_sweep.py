@@ -20,15 +20,15 @@ import yaml
 import agentenv_jax as ae
 from agentenv_jax.config.errors import ConfigError
 from agentenv_jax.config.experiments import shipped_sweeps
-from agentenv_jax.sweeps.results import (
+from agentenv_jax.workflow.sweeps.results import (
     interquartile_means,
     sessions_file,
     trial_folder,
     trial_row,
     whole_trial_timing,
 )
-from agentenv_jax.sweeps.runner import SweepRunner, _Running, progress_heads, trial_command
-from agentenv_jax.sweeps.spec import check_trials, expand, read_sweep
+from agentenv_jax.workflow.sweeps.runner import SweepRunner, _Running, progress_heads, trial_command
+from agentenv_jax.workflow.sweeps.spec import check_trials, expand, read_sweep
 
 from conftest import (
     agentenv_command,
@@ -264,7 +264,7 @@ def _sweep_processes(folder: Path) -> list[str]:
             cmdline = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode()
         except OSError:
             continue
-        if str(folder) in cmdline and "agentenv_jax.cli" in cmdline:
+        if str(folder) in cmdline and "agentenv_jax.workflow.cli" in cmdline:
             found.append(cmdline)
     return found
 
@@ -389,7 +389,7 @@ def test_every_shipped_sweep_builds_its_trials(name):
 def test_a_sweep_begun_before_a_setting_existed_still_resumes(tmp_path):
     """A sweep folder records its base config; one written before a setting was added lacks
     it and ran with its default, so the same sweep is still the same sweep."""
-    from agentenv_jax.sweeps.runner import prepare
+    from agentenv_jax.workflow.sweeps.runner import prepare
 
     spec = read_sweep(_sweep_file(tmp_path, name="old", parameters={"algorithm.clip_eps": [0.1]}))
     prepare(spec)

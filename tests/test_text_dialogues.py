@@ -10,13 +10,13 @@ import numpy as np
 import pytest
 
 import agentenv_jax as ae
-from agentenv_jax.api import resolve_config
 from agentenv_jax.checkpoint.store import CheckpointStore
 from agentenv_jax.envs.spaces import EnvError
 from agentenv_jax.envs.text import ArithmeticTask, make_text_vector_env
-from agentenv_jax.evaluation import EVAL_SEED_BASE
 from agentenv_jax.networks.text_models import language_model_for
-from agentenv_jax.text_dialogues import (
+from agentenv_jax.workflow.api import resolve_config
+from agentenv_jax.workflow.evaluation import EVAL_SEED_BASE
+from agentenv_jax.workflow.text_dialogues import (
     DialogueSample,
     initial_params,
     sample_dialogues,

@@ -21,7 +21,7 @@ from agentenv_jax.envs.text.tasks import ArithmeticTask
 from agentenv_jax.envs.text.tokenizer import BYTE_TOKENIZER
 from agentenv_jax.networks.language_model import count_params
 from agentenv_jax.networks.text_models import language_model_for
-from agentenv_jax.text_dialogues import DialogueSample, sample_dialogues, trained_params
+from agentenv_jax.workflow.text_dialogues import DialogueSample, sample_dialogues, trained_params
 
 from conftest import REPO, agentenv_command, mpiexec_path, run_command, settings
 

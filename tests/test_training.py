@@ -15,12 +15,12 @@ from agentenv_jax.buffers.segment_queue import on_policy_segment_spec
 from agentenv_jax.config import load_config
 from agentenv_jax.envs.multi_agent.registry import is_multi_agent, make_multi_agent_env
 from agentenv_jax.envs.text.registry import is_text_env, make_text_vector_env
-from agentenv_jax.evaluation import evaluate
-from agentenv_jax.launch import train
 from agentenv_jax.metrics.logger import read_metrics
-from agentenv_jax.policies import build_actor_policy
-from agentenv_jax.roles import plan_for, prepare_env_rank
+from agentenv_jax.runtime.launch import train
+from agentenv_jax.runtime.policies import build_actor_policy
+from agentenv_jax.runtime.roles import plan_for, prepare_env_rank
 from agentenv_jax.transport.topology import make_topology
+from agentenv_jax.workflow.evaluation import evaluate
 
 from conftest import EXPERIMENTS, REPO, agentenv_command, mpi_launch, mpiexec_path, run_command
 

@@ -8,8 +8,8 @@ import pytest
 
 from agentenv_jax.config import load_config
 from agentenv_jax.envs import EnvError
-from agentenv_jax.evaluation import evaluate, evaluation_env
-from agentenv_jax.launch import train
+from agentenv_jax.runtime.launch import train
+from agentenv_jax.workflow.evaluation import evaluate, evaluation_env
 
 from conftest import EXPERIMENTS, agentenv_command, run_command, settings
 

@@ -171,3 +171,17 @@ def _update_of(line: str) -> float:
         return float(json.loads(line)["update"])
     except (ValueError, KeyError, TypeError):
         return float("inf")
+
+
+def policy_params(run_dir: str | Path, config: Any) -> Any:
+    """The policy's parameters (a host pytree) in run `run_dir`'s newest checkpoint: the
+    actor-critic's for PPO and IMPALA, the actor's for SAC (`config` is the run's
+    `ExperimentConfig`); `CheckpointError` when the folder has no checkpoint."""
+    from agentenv_jax.checkpoint.store import CheckpointStore
+
+    store = CheckpointStore(Path(run_dir), config.checkpoint.keep)
+    try:
+        state, _ = store.restore_raw()
+    finally:
+        store.close()
+    return state["actor_params" if config.algorithm.name == "sac" else "params"]

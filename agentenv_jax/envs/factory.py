@@ -30,7 +30,13 @@ from agentenv_jax.envs.multi_agent.registry import (
 from agentenv_jax.envs.observation_wrappers import needs_wrapping, wrap_observations
 from agentenv_jax.envs.spaces import EnvError, EnvSpaces, describe_spaces
 
+# Evaluation episodes are seeded from here (EVAL_SEED_BASE + seed * episodes + i), far from the
+# seeds training gives its envs (seed * 1_000_003 + env index), so no evaluation replays a
+# training episode.
+EVAL_SEED_BASE = 2**30
+
 __all__ = [
+    "EVAL_SEED_BASE",
     "EnvError",
     "EnvSpaces",
     "autoreset_mode",

@@ -41,7 +41,7 @@ def prepare_anakin(config: ExperimentConfig) -> Anakin:
     """Check the config for `env.backend: jax`, make the gymnax env and build the learner on the
     devices `topology.learner_devices` asks for. `ConfigError`, `EnvError` or `MeshError` say
     what does not fit."""
-    from agentenv_jax.roles import learner_devices
+    from agentenv_jax.learner.devices import learner_devices
 
     if config.algorithm.name not in SUPPORTED_ALGORITHMS:
         raise ConfigError(

@@ -117,7 +117,9 @@ def on_policy_model(
     if spaces.text is not None:
         from agentenv_jax.learner.text_training import language_model_training
 
-        return language_model_training(config, spaces.text, total_updates, constrain_rows)
+        return OnPolicyModel(
+            *language_model_training(config, spaces.text, total_updates, constrain_rows)
+        )
     module, apply_fn = actor_critic_for(config.network, spaces)
     update, optimizer = make_on_policy_update(
         config,

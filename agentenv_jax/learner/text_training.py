@@ -44,10 +44,9 @@ def language_model_training(
     total_updates: int,
     constrain_rows: Callable[[jax.Array], jax.Array],
 ):
-    """`OnPolicyModel` of a text env: the transformer of `network.language_model`, its
-    parameters (random or `init_from`), and token-level PPO."""
-    from agentenv_jax.learner.on_policy_model import OnPolicyModel
-
+    """The parts of a text env's `OnPolicyModel` (param_shapes, init_params, update,
+    train_state): the transformer of `network.language_model`, its parameters (random or
+    `init_from`), and token-level PPO."""
     algo = config.algorithm  # PPO: other algorithms are refused at start-up
     lm = language_model_for(config.network.language_model, text)
     optimizer = make_optimizer(
@@ -74,7 +73,7 @@ def language_model_training(
             key=key,
         )
 
-    return OnPolicyModel(
+    return (
         lm.param_shapes(),
         lambda key: initial_language_model_params(lm, config.network.language_model, key),
         update,

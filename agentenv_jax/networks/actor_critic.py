@@ -7,7 +7,6 @@ flax.linen is used (rather than nnx) because the framework moves parameters as p
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -24,7 +23,7 @@ from agentenv_jax.networks.initializers import (
     param_shapes,
     zeros,
 )
-from agentenv_jax.networks.torsos import cnn_torso, image_batch, resolve_torso
+from agentenv_jax.networks.torsos import cnn_torso, image_batch
 
 _ACTIVATIONS = {"tanh": nn.tanh, "relu": nn.relu, "gelu": nn.gelu}
 
@@ -122,7 +121,7 @@ def make_actor_critic(
         actor_obs_dim,
     )
 
-    return module, _applying(module)
+    return module, apply_fn_of(module)
 
 
 def _one_observation(obs_shape: Sequence[int]) -> jax.ShapeDtypeStruct:
@@ -140,49 +139,9 @@ def actor_critic_param_shapes(module: ActorCritic, obs_shape: Sequence[int]) -> 
     return param_shapes(module, [_one_observation(obs_shape)])
 
 
-def actor_critic_for(
-    network: Any, spaces: Any
-) -> tuple[ActorCritic, Callable[[Any, jax.Array], tuple[jax.Array, jax.Array]]]:
-    """The actor-critic of an experiment: `network` is its `NetworkConfig`, `spaces` its
-    `EnvSpaces`. Learner and env ranks both build it here, so their parameters line up. With
-    `network.policies: per_group` and several agent groups, one per group (`networks.grouped`);
-    with agents of different action counts, each row's unavailable actions masked."""
-    module, apply_fn = make_actor_critic(
-        spaces.action_kind,
-        spaces.action_size,
-        len(spaces.obs_shape),
-        network.actor_hidden,
-        network.critic_hidden,
-        network.activation,
-        network.log_std_init,
-        torso=resolve_torso(network.torso, spaces.is_image),
-        image_obs=spaces.is_image,
-        actor_obs_dim=spaces.actor_obs_dim,
-    )
-    if network.policies == "per_group" and len(spaces.group_names) > 1:
-        from agentenv_jax.networks.grouped import GroupedActorCritic
+def apply_fn_of(module: nn.Module) -> Callable[[Any, jax.Array], tuple[jax.Array, jax.Array]]:
+    """`(params, obs) -> (policy head, value)` of a flax actor-critic module."""
 
-        settings = tuple((f.name, getattr(module, f.name)) for f in dataclasses.fields(module))
-        module = GroupedActorCritic(
-            tuple(s for s in settings if s[0] not in ("parent", "name")),
-            spaces.agent_groups,
-            spaces.agent_id_at,
-        )
-        apply_fn = _applying(module)
-    if spaces.agent_action_counts:
-        from agentenv_jax.networks.grouped import mask_unavailable_actions
-
-        obs_ndim, id_at = len(spaces.obs_shape), spaces.agent_id_at
-        counts, unmasked = spaces.agent_action_counts, apply_fn
-
-        def apply_fn(params: Any, obs: jax.Array) -> tuple[jax.Array, jax.Array]:
-            head, value = unmasked(params, obs)
-            return mask_unavailable_actions(head, obs, obs_ndim, id_at, counts), value
-
-    return module, apply_fn
-
-
-def _applying(module: nn.Module) -> Callable[[Any, jax.Array], tuple[jax.Array, jax.Array]]:
     def apply_fn(params: Any, obs: jax.Array) -> tuple[jax.Array, jax.Array]:
         return module.apply({"params": params}, obs)
 

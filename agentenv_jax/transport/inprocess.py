@@ -2,8 +2,8 @@
 
 They keep the MPI transports' semantics — copies rather than shared buffers, credits, a stop
 request and a final report — so the actor and learner loops run unchanged. The caller
-interleaves them (`agentenv_jax.launch.run_single_process`); a call that would have to wait for
-the other side raises instead of deadlocking.
+interleaves them (`agentenv_jax.runtime.launch.run_single_process`); a call that would have
+to wait for the other side raises instead of deadlocking.
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ start-up, stop and final reports are pickled. `world` starts MPI and holds the w
 channel shares; `on_policy` and `replay` hold the two families' channels.
 """
 
-from agentenv_jax.launcher import LaunchError
+from agentenv_jax.transport.launcher import LaunchError
 
 try:
     # mpi4py loads its MPI library on this first import; say here what to install if none is.

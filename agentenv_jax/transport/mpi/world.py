@@ -23,8 +23,8 @@ from typing import Any
 import numpy as np
 from mpi4py import MPI
 
-from agentenv_jax.launcher import detect_launcher, world_mismatch
 from agentenv_jax.transport.base import TransportError
+from agentenv_jax.transport.launcher import detect_launcher, world_mismatch
 from agentenv_jax.transport.messages import TAG_FINAL, TAG_PARAMS
 
 # How long a wait polls before its first sleep. Here a 20 us sleep lasts ~40 us with the timer

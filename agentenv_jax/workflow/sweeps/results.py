@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from agentenv_jax.config.errors import ConfigError
-from agentenv_jax.sweeps.spec import SweepSpec, Trial
+from agentenv_jax.workflow.sweeps.spec import SweepSpec, Trial
 
 BOOTSTRAP_REPS = 2000
 _TIMING_COLUMNS = ("env_steps", "steps_per_s", "wall_s", "compile_s", "compile_cache_hits")

@@ -28,6 +28,7 @@ from agentenv_jax.config.errors import ConfigError
 from agentenv_jax.config.loading import load_config
 from agentenv_jax.config.schema import ExperimentConfig, SACConfig
 from agentenv_jax.envs.factory import (
+    EVAL_SEED_BASE,
     EnvError,
     EnvSpaces,
     describe_spaces,
@@ -39,7 +40,6 @@ from agentenv_jax.envs.multi_agent.registry import is_multi_agent
 from agentenv_jax.envs.text.registry import is_text_env
 from agentenv_jax.metrics.compilation import use_persistent_cache
 
-EVAL_SEED_BASE = 2**30
 # Text envs' deterministic evaluation samples at this temperature: the most likely token wins
 # unless two logits are within ~1e-4 of each other.
 GREEDY_TEMPERATURE = 1e-4
@@ -264,14 +264,14 @@ def evaluate(
 
     seeds = [EVAL_SEED_BASE + seed * episodes + episode for episode in range(episodes)]
     if config.env.backend == "jax":
-        from agentenv_jax.jax_evaluation import play_jax_episodes
+        from agentenv_jax.workflow.jax_evaluation import play_jax_episodes
 
         returns, lengths = play_jax_episodes(config, state["params"], seeds, deterministic)
         return Evaluation(run_dir, int(step), deterministic, tuple(returns), tuple(lengths))
     if is_text_env(config.env.id):
         if video_dir is not None:
             raise ConfigError("--video is not supported for text envs: evaluate without it")
-        from agentenv_jax.text_dialogues import sample_dialogues
+        from agentenv_jax.workflow.text_dialogues import sample_dialogues
 
         # Deterministic: (nearly) greedy decoding; the Gumbel noise of sampling is kept.
         sample = sample_dialogues(

@@ -22,16 +22,16 @@ from agentenv_jax.config.errors import ConfigError
 from agentenv_jax.config.loading import config_to_dict, save_config
 from agentenv_jax.config.schema import ExperimentConfig
 from agentenv_jax.config.sizes import check_memory
-from agentenv_jax.doctor import jax_devices, runtime_record
-from agentenv_jax.launcher import detect_launcher
+from agentenv_jax.learner.devices import learner_devices
 from agentenv_jax.metrics.compilation import CompileTotals, compile_totals, use_persistent_cache
 from agentenv_jax.metrics.summary import describe_topology, write_summary
-from agentenv_jax.roles import (
-    learner_devices,
+from agentenv_jax.runtime.doctor import jax_devices, runtime_record
+from agentenv_jax.runtime.roles import (
     plan_for,
     prepare_env_rank,
     single_threaded_xla,
 )
+from agentenv_jax.transport.launcher import detect_launcher
 from agentenv_jax.transport.topology import make_topology
 
 

@@ -16,9 +16,9 @@ from typing import TYPE_CHECKING, Literal
 
 import numpy as np
 
-from agentenv_jax.api import Run
 from agentenv_jax.config.errors import ConfigError
 from agentenv_jax.config.loading import config_to_dict
+from agentenv_jax.workflow.api import Run
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure

@@ -4,7 +4,7 @@ Play a few episodes with untrained or trained parameters and see what the agent 
 what it scored:
 
     import agentenv_jax as ae
-    from agentenv_jax.text_dialogues import sample_dialogues, trained_params
+    from agentenv_jax.workflow.text_dialogues import sample_dialogues, trained_params
 
     before = sample_dialogues(ae.load_config("experiments/arithmetic_ppo.yaml"))
     run = ae.train("arithmetic_ppo")
@@ -109,9 +109,10 @@ def _initial_params(config: ExperimentConfig, lm: Any) -> Any:
 def trained_params(run_dir: str | Path) -> Any:
     """The policy parameters of run `run_dir`'s newest checkpoint (a host pytree, as
     `Run.params` restores it); `CheckpointError` when the run has no checkpoint."""
-    from agentenv_jax.api import load_run
+    from agentenv_jax.checkpoint.run_folder import policy_params
+    from agentenv_jax.config.loading import load_config
 
-    return load_run(run_dir).params
+    return policy_params(run_dir, load_config(Path(run_dir) / "config.yaml"))
 
 
 def _check_params(params: Any, shapes: Any) -> None:
@@ -190,9 +191,9 @@ def sample_dialogues(
     import jax.numpy as jnp
     import numpy as np
 
+    from agentenv_jax.envs.factory import EVAL_SEED_BASE
     from agentenv_jax.envs.text import make_text_vector_env
     from agentenv_jax.envs.text.vector_env import FINISHED_TRANSCRIPTS
-    from agentenv_jax.evaluation import EVAL_SEED_BASE
     from agentenv_jax.networks.text_models import text_generate
 
     group_size = config.env.kwargs.get("group_size", 1)

@@ -1,10 +1,10 @@
 """A multi-rank run started from Python: an `mpiexec` job of `agentenv train`, followed live.
 
 `run_mpi_job(config, ranks)` writes the resolved config into a file, starts
-`mpiexec -n ranks python -m agentenv_jax.cli train FILE` (the mpiexec of the MPI wheel beside
-this Python, else the one on PATH), shows the progress line from the run's `metrics.jsonl` as
-records arrive, and returns the run folder once the job has ended. Ctrl-C (KeyboardInterrupt)
-is passed to the job as SIGINT, which stops it with a final checkpoint.
+`mpiexec -n ranks python -m agentenv_jax.workflow.cli train FILE` (the mpiexec of the MPI
+wheel beside this Python, else the one on PATH), shows the progress line from the run's
+`metrics.jsonl` as records arrive, and returns the run folder once the job has ended. Ctrl-C
+(KeyboardInterrupt) is passed to the job as SIGINT, which stops it with a final checkpoint.
 """
 
 from __future__ import annotations
@@ -66,7 +66,7 @@ def run_mpi_job(
 ) -> Path:
     """Train `config` as an `mpiexec -n ranks` job; the run folder. `RuntimeError` with the
     job's error output when it fails."""
-    from agentenv_jax.launch import check_run_dir, with_run_name
+    from agentenv_jax.runtime.launch import check_run_dir, with_run_name
 
     if ranks < 2:
         raise ConfigError(f"ranks = {ranks!r} is not allowed: expected an integer >= 2")
@@ -97,7 +97,7 @@ def run_mpi_job(
             str(ranks),
             sys.executable,
             "-m",
-            "agentenv_jax.cli",
+            "agentenv_jax.workflow.cli",
             "train",
             str(config_file),
             "--set",

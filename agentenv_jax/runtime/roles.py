@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from agentenv_jax.config.schema import ExperimentConfig
 from agentenv_jax.config.sizes import check_memory
-from agentenv_jax.policies import (
+from agentenv_jax.runtime.policies import (
     actor_critic_network,
     build_actor_policy,
     build_central_policy,
@@ -153,29 +153,6 @@ def prepare_env_rank(config: ExperimentConfig, topology: Topology):
         vector_env.close()
         raise
     return vector_env, spaces
-
-
-def learner_devices(config: ExperimentConfig, processes: int = 1) -> int:
-    """How many local devices each of the `processes` learner processes puts in the mesh."""
-    import jax
-
-    from agentenv_jax.learner.on_policy_model import minibatch_size
-    from agentenv_jax.parallel.mesh import choose_mesh_devices, choose_num_devices
-
-    if config.algorithm.name == "sac":
-        batch_sizes = [config.algorithm.batch_size]
-    else:
-        batch_sizes = [config.env.global_num_envs, minibatch_size(config)]
-    available = len(jax.local_devices())
-    if config.topology.mesh:
-        return choose_mesh_devices(
-            config.topology.data_axis,
-            config.topology.model_axis,
-            available,
-            batch_sizes,
-            processes,
-        )
-    return choose_num_devices(config.topology.learner_devices, available, batch_sizes, processes)
 
 
 def build_actor(

@@ -30,7 +30,7 @@ import signal
 import subprocess
 import sys
 
-from agentenv_jax.launcher import detect_launcher, launcher_rank
+from agentenv_jax.transport.launcher import detect_launcher, launcher_rank
 
 # Set in the child: it is the rank itself, not its supervisor.
 RANK_PROCESS_VARIABLE = "AGENTENV_RANK_PROCESS"
@@ -44,15 +44,16 @@ def is_rank_process() -> bool:
 
 
 def supervise(argv: list[str]) -> int:
-    """Run `agentenv_jax.cli argv` as this rank's child; return its exit status (128 + signal
-    number when a signal killed it, as shells report it), after naming the rank if it died."""
+    """Run `agentenv_jax.workflow.cli argv` as this rank's child; return its exit status (128 +
+    signal number when a signal killed it, as shells report it), after naming the rank if it
+    died."""
     env = dict(os.environ)
     env[RANK_PROCESS_VARIABLE] = "1"
     env[_SUPERVISOR_PID_VARIABLE] = str(os.getpid())
     # MPICH's simple PMI hands each rank an inherited socket; the child needs the same one.
     inherited = [int(env["PMI_FD"])] if env.get("PMI_FD", "").isdigit() else []
     child = subprocess.Popen(
-        [sys.executable, "-m", "agentenv_jax.cli", *argv], env=env, pass_fds=inherited
+        [sys.executable, "-m", "agentenv_jax.workflow.cli", *argv], env=env, pass_fds=inherited
     )
     for sig in _FORWARDED_SIGNALS:
         signal.signal(sig, lambda signum, frame: child.send_signal(signum))

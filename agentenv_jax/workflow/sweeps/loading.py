@@ -65,7 +65,7 @@ class Sweep:
 
     def runs(self, config: int | None = None) -> list[Any]:
         """The finished trials' runs (`agentenv_jax.Run`), of one config if given."""
-        from agentenv_jax.api import load_run
+        from agentenv_jax.workflow.api import load_run
 
         return [
             load_run(self.folder / "trials" / row["trial"])
@@ -108,8 +108,8 @@ def sweep(
     """Run a sweep file (or shipped sweep) as `agentenv sweep` does, from this process, and
     return it; a sweep that already ran continues where it was. `ConfigError` if a trial
     failed or the sweep was stopped."""
-    from agentenv_jax.sweeps.runner import SweepRunner, prepare
-    from agentenv_jax.sweeps.spec import read_sweep
+    from agentenv_jax.workflow.sweeps.runner import SweepRunner, prepare
+    from agentenv_jax.workflow.sweeps.spec import read_sweep
 
     spec = read_sweep(sweep_file, overrides, parallel)
     trials = prepare(spec)

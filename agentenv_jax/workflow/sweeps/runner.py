@@ -23,9 +23,9 @@ import yaml
 
 from agentenv_jax.config.errors import ConfigError
 from agentenv_jax.config.loading import with_defaults
-from agentenv_jax.mpi_job import environment_without_launcher, find_mpiexec
-from agentenv_jax.supervisor import signal_when_parent_dies
-from agentenv_jax.sweeps.results import (
+from agentenv_jax.runtime.mpi_job import environment_without_launcher, find_mpiexec
+from agentenv_jax.runtime.supervisor import signal_when_parent_dies
+from agentenv_jax.workflow.sweeps.results import (
     keep_newest_session,
     require_statistics,
     sessions_file,
@@ -34,7 +34,7 @@ from agentenv_jax.sweeps.results import (
     trial_status,
     write_results,
 )
-from agentenv_jax.sweeps.spec import SweepSpec, Trial, check_trials, expand
+from agentenv_jax.workflow.sweeps.spec import SweepSpec, Trial, check_trials, expand
 
 _POLL_S = 0.2
 
@@ -93,7 +93,7 @@ def trial_command(spec: SweepSpec, trial: Trial, launcher: Sequence[str] = ()) -
             f"run.compilation_cache_dir={spec.folder / 'compilation_cache'}",
         ]
         train = ["train", str(spec.base)] + [a for s in settings for a in ("--set", s)]
-    command = [sys.executable, "-m", "agentenv_jax.cli", *train]
+    command = [sys.executable, "-m", "agentenv_jax.workflow.cli", *train]
     if launcher:
         return [*launcher, *command]
     if spec.ranks == 1:

@@ -16,7 +16,7 @@ import socket
 import sys
 from typing import Any
 
-from agentenv_jax.launcher import LaunchError, detect_launcher
+from agentenv_jax.transport.launcher import LaunchError, detect_launcher
 
 
 def mpi_wheels() -> dict[str, str]:

@@ -23,6 +23,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from agentenv_jax.checkpoint.run_folder import policy_params
 from agentenv_jax.config.errors import ConfigError
 from agentenv_jax.config.loading import (
     apply_overrides,
@@ -31,7 +32,7 @@ from agentenv_jax.config.loading import (
     load_config,
     read_config_file,
 )
-from agentenv_jax.config.schema import ExperimentConfig, SACConfig
+from agentenv_jax.config.schema import ExperimentConfig
 
 
 @dataclasses.dataclass(frozen=True)
@@ -49,14 +50,7 @@ class Run:
     def params(self) -> Any:
         """The policy's parameters (host pytree) from the newest checkpoint: the actor-critic's
         for PPO and IMPALA, the actor's for SAC."""
-        from agentenv_jax.checkpoint.store import CheckpointStore
-
-        store = CheckpointStore(self.run_dir, self.config.checkpoint.keep)
-        try:
-            state, _ = store.restore_raw()
-        finally:
-            store.close()
-        return state["actor_params" if isinstance(self.config.algorithm, SACConfig) else "params"]
+        return policy_params(self.run_dir, self.config)
 
     def metrics(self) -> Any:
         """Every update's record joined with its timings: a pandas DataFrame indexed by
@@ -71,7 +65,7 @@ class Run:
 
     def evaluate(self, episodes: int = 10, **options: Any) -> Any:
         """`agentenv_jax.evaluate` of this run (see `evaluation.evaluate`)."""
-        from agentenv_jax.evaluation import evaluate
+        from agentenv_jax.workflow.evaluation import evaluate
 
         return evaluate(self.run_dir, episodes, **options)
 
@@ -133,8 +127,8 @@ def train(
     launcher every rank calls this; the learner gets the run, env ranks get None. With
     `ranks > 1` (from a process without a launcher: a notebook, a script) the run is an
     `mpiexec -n ranks` job that this process follows, showing its progress."""
-    from agentenv_jax.launch import launched_by_mpi
-    from agentenv_jax.launch import train as run_training
+    from agentenv_jax.runtime.launch import launched_by_mpi
+    from agentenv_jax.runtime.launch import train as run_training
 
     resolved = resolve_config(config, overrides, **sections)
     if ranks != 1:
@@ -143,7 +137,7 @@ def train(
                 f"ranks = {ranks!r} is not allowed under a launcher: this process already is "
                 "one rank of a job (start the job with mpiexec -n instead)"
             )
-        from agentenv_jax.mpi_job import run_mpi_job
+        from agentenv_jax.runtime.mpi_job import run_mpi_job
 
         return load_run(run_mpi_job(resolved, ranks))
     result = run_training(resolved)

