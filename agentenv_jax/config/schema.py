@@ -28,6 +28,7 @@ ValueTrunk = Literal["shared", "separate"]
 KLPenalty = Literal["reward", "loss"]
 AdvantageEstimator = Literal["gae", "group"]
 InferencePlace = Literal["env_ranks", "learner"]
+WandbMode = Literal["auto", "online", "offline"]
 
 
 def _require(condition: bool, field_path: str, value: Any, allowed: str) -> None:
@@ -376,6 +377,10 @@ class RunConfig:
     # interrupts at once, without the final checkpoint.
     stop_signal_window_s: float = 1.0  # later stop signals within this are the same request
     tensorboard: bool = False  # also write TensorBoard events to RUN_DIR/tensorboard
+    wandb: bool = False  # also log the TensorBoard scalars and the config to W&B (RUN_DIR/wandb)
+    wandb_project: str = "agentenv_jax"  # the W&B project the run is logged to
+    # W&B credentials: WANDB_API_KEY, or a ~/.netrc entry for api.wandb.ai (`wandb login`).
+    wandb_mode: WandbMode = "auto"  # online, offline, or auto: online if W&B credentials exist
     # Runs (and every rank of a run) that compile the same programs fetch them from the cache.
     compilation_cache: bool = True  # keep compiled XLA programs in JAX's persistent cache
     compilation_cache_dir: str | None = None  # its folder (None: $AGENTENV_CACHE_DIR, ~/.cache)
@@ -411,6 +416,12 @@ class RunConfig:
             f"{prefix}.stop_signal_window_s",
             self.stop_signal_window_s,
             "a number >= 0",
+        )
+        _require(
+            self.wandb_project.strip() != "" and "/" not in self.wandb_project,
+            f"{prefix}.wandb_project",
+            self.wandb_project,
+            "a W&B project name without '/'",
         )
         _require(
             self.name is None or ("/" not in self.name and self.name.strip() != ""),

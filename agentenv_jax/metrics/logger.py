@@ -8,9 +8,12 @@ import sys
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from agentenv_jax.metrics.wandb_logger import WandbLogger
 
 
 def _jsonable(value: Any) -> Any:
@@ -31,6 +34,16 @@ def is_timing(key: str) -> bool:
     )
 
 
+def scalars(record: dict[str, Any]) -> dict[str, float]:
+    """The numeric values of a JSON-ready record (no bools, no nulls): TensorBoard's and W&B's
+    scalars."""
+    return {
+        key: value
+        for key, value in record.items()
+        if isinstance(value, int | float) and not isinstance(value, bool)
+    }
+
+
 def require_tensorboard_writer() -> None:
     """`ConfigError` unless tensorboardX (the `tensorboard` extra) can be imported."""
     try:
@@ -48,9 +61,15 @@ class MetricsWriter:
     """Per-update records, one JSON object per line, flushed at once so a killed run keeps every
     record. What the run learned goes to `metrics.jsonl` — identical for identical synchronous
     runs — and how long it took to `timings.jsonl` (with the update number to join on). With a
-    `tensorboard_dir`, every numeric value is also a TensorBoard scalar at step `env_steps`."""
+    `tensorboard_dir`, every numeric value is also a TensorBoard scalar at step `env_steps`; with
+    a `wandb` logger, the same scalars at the same steps go to its W&B run."""
 
-    def __init__(self, path: Path, tensorboard_dir: Path | None = None):
+    def __init__(
+        self,
+        path: Path,
+        tensorboard_dir: Path | None = None,
+        wandb: WandbLogger | None = None,
+    ):
         self.path = Path(path)
         self.timings_path = self.path.with_name("timings.jsonl")
         self._tensorboard_dir = tensorboard_dir
@@ -58,6 +77,7 @@ class MetricsWriter:
         self._file: TextIO | None = None
         self._timings: TextIO | None = None
         self._tensorboard: Any = None
+        self._wandb = wandb
 
     def write(self, record: dict[str, Any]) -> None:
         if self._file is None or self._timings is None:
@@ -73,17 +93,22 @@ class MetricsWriter:
         }
         self._file.write(json.dumps(metrics) + "\n")
         self._timings.write(json.dumps(timings) + "\n")
-        if self._tensorboard is not None:
+        if self._tensorboard is not None or self._wandb is not None:
             step = int(record["env_steps"])
-            for key, value in (metrics | timings).items():
-                if isinstance(value, int | float) and not isinstance(value, bool):
+            values = scalars(metrics | timings)
+            if self._tensorboard is not None:
+                for key, value in values.items():
                     self._tensorboard.add_scalar(key, value, step)
-            self._tensorboard.flush()
+                self._tensorboard.flush()
+            if self._wandb is not None:
+                self._wandb.log(values, step)
 
     def close(self) -> None:
         for stream in (self._file, self._timings, self._tensorboard):
             if stream is not None:
                 stream.close()
+        if self._wandb is not None:
+            self._wandb.close()
 
 
 def read_metrics(path: str | Path) -> list[dict[str, Any]]:

@@ -130,10 +130,13 @@ def _prepare_learner(
     back. A config whose batch (or JAX envs) cannot fit in memory is refused first."""
     from agentenv_jax.learner.session import check_resumable
     from agentenv_jax.metrics.logger import require_tensorboard_writer
+    from agentenv_jax.metrics.wandb_logger import require_wandb
 
     check_memory(config, learner=True)
     if config.run.tensorboard:
         require_tensorboard_writer()
+    if config.run.wandb:
+        require_wandb()
     config = with_run_name(config)
     if lead:
         path = Path(config.run.run_dir) / str(config.run.name)
@@ -151,10 +154,12 @@ def _learner_outputs(config: ExperimentConfig):
     once the learner has restored its checkpoint and every rank has started, so a refused
     resume leaves the run's own config as it was."""
     from agentenv_jax.metrics.logger import MetricsWriter, ProgressLine
+    from agentenv_jax.metrics.wandb_logger import wandb_logger_for
 
     run_dir = _run_dir(config)
     tensorboard_dir = run_dir / "tensorboard" if config.run.tensorboard else None
-    writer = MetricsWriter(run_dir / "metrics.jsonl", tensorboard_dir)
+    wandb = wandb_logger_for(config, run_dir)
+    writer = MetricsWriter(run_dir / "metrics.jsonl", tensorboard_dir, wandb)
     progress = ProgressLine(
         config.run.total_env_steps, config.run.progress, config.run.progress_interval_s
     )
