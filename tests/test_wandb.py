@@ -7,8 +7,11 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import struct
 import sys
+import threading
+import time
 from pathlib import Path
 
 import numpy as np
@@ -159,6 +162,36 @@ def test_a_resumed_run_continues_its_wandb_run(tmp_path, no_credentials):
     assert steps[0] == [r["env_steps"] for r in first.records]
     assert steps[0] + steps[1] == [r["env_steps"] for r in run.records]
     assert steps[1][-1] == 1024
+
+
+@pytest.mark.slow
+def test_a_stopped_run_finishes_its_wandb_run(tmp_path, no_credentials):
+    """A stop signal (SIGTERM, once 3 updates are written) ends training gracefully, and the
+    W&B run is finished then, not by wandb's exit hook: it is checked while this process lives."""
+    run_dir = tmp_path / "wb"
+
+    def stop_after_three_updates() -> None:
+        metrics = run_dir / "metrics.jsonl"
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            if metrics.is_file() and len(metrics.read_text().splitlines()) >= 3:
+                os.kill(os.getpid(), signal.SIGTERM)
+                return
+            time.sleep(0.05)
+
+    stopper = threading.Thread(target=stop_after_three_updates, daemon=True)
+    stopper.start()
+    run = ae.train(
+        "cartpole_ppo",
+        run={**BUDGET, "total_env_steps": 10_000_000, "run_dir": str(tmp_path), "name": "wb"},
+        overrides=["run.wandb=true"],
+    )
+    stopper.join()
+    assert run.summary["interrupted"] and run.records[-1]["env_steps"] < 10_000_000
+    (folder,) = offline_runs(run_dir)
+    assert [step for step, _ in history(folder)] == [r["env_steps"] for r in run.records]
+    (end,) = records_of(folder, "exit")
+    assert end.exit.exit_code == 0
 
 
 def test_credentials_decide_the_auto_mode(tmp_path):
