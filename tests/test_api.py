@@ -13,6 +13,7 @@ import agentenv_jax as ae
 from agentenv_jax.config import ConfigError
 
 
+@pytest.mark.slow
 def test_train_load_and_evaluate_a_run(tmp_path):
     run = ae.train(
         "cartpole_ppo",
@@ -52,6 +53,7 @@ def test_bad_api_arguments_name_what_is_wrong(tmp_path):
         ae.trian  # noqa: B018
 
 
+@pytest.mark.slow
 def test_importing_the_package_stays_cheap():
     """Each MPI rank's supervisor imports the package: it must not pull in JAX."""
     code = "import sys, agentenv_jax; print('jax' in sys.modules, 'mpi4py' in sys.modules)"

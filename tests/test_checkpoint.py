@@ -139,6 +139,7 @@ REFUSED_RESUMES = [
 ]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("launcher", ["one_process", "mpiexec"])
 def test_a_refused_resume_leaves_every_file_of_the_run_as_it_was(launcher, tmp_path):
     """Another env.id or algorithm.name, a network change, a bad override or another config
@@ -249,12 +250,14 @@ def test_resumed_twice_over_other_env_rank_counts_the_whole_run_reconciles(tmp_p
         assert resume["state_checksum"] == saved[-1]["state_checksum"]
 
 
+@pytest.mark.slow
 def test_resume_of_a_folder_without_checkpoints_is_a_clear_error(tmp_path):
     proc = run_command(agentenv_command("train", "--resume", str(tmp_path)), timeout=60, cwd=REPO)
     assert proc.returncode == 2
     assert "not a run directory with checkpoints" in proc.stderr
 
 
+@pytest.mark.slow
 def test_a_new_run_refuses_an_existing_run_folder(tmp_path):
     args = [
         "train",
@@ -361,6 +364,7 @@ def test_replay_partitions_saved_per_env_rank_restore_over_more_ranks(tmp_path):
     assert _files(run_dir) == before
 
 
+@pytest.mark.slow
 def test_replay_partition_saved_and_restored_in_one_process(tmp_path):
     """The same round trip without a launcher (the in-process transport carries the word)."""
     quiet = settings("algorithm.log_interval=50", "run.progress=false")

@@ -6,6 +6,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 from agentenv_jax.metrics.compilation import CACHE_DIR_VARIABLE, cache_folder
 
 from conftest import agentenv_command, run_command, settings
@@ -31,6 +33,7 @@ def _entries(cache: Path) -> dict[str, int]:
     return {p.name: p.stat().st_size for p in cache.iterdir()}
 
 
+@pytest.mark.slow
 def test_a_second_identical_run_compiles_nothing_new(tmp_path):
     cache = tmp_path / "cache"
     first = _train(tmp_path, cache, "first")
@@ -44,6 +47,7 @@ def test_a_second_identical_run_compiles_nothing_new(tmp_path):
     assert _entries(cache) == stored  # and none added
 
 
+@pytest.mark.slow
 def test_the_cache_can_be_turned_off(tmp_path):
     cache = tmp_path / "cache"
     summary = _train(tmp_path, cache, "uncached", "run.compilation_cache=false")

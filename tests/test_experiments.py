@@ -21,6 +21,7 @@ def test_a_name_is_the_shipped_file_and_a_misspelt_one_an_error_with_the_names()
         load_config("cartpol_ppo")
 
 
+@pytest.mark.slow
 def test_list_and_train_by_name_from_another_folder(tmp_path):
     listed = run_command(agentenv_command("list"), timeout=60, cwd=tmp_path)
     assert listed.returncode == 0, listed.stderr

@@ -24,6 +24,7 @@ from conftest import (
 CARTPOLE = str(EXPERIMENTS / "cartpole_ppo.yaml")
 
 
+@pytest.mark.slow
 def test_non_finite_update_stops_the_job_and_keeps_the_last_good_checkpoint(tmp_path):
     started = time.monotonic()
     proc = run_command(

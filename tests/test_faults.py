@@ -73,6 +73,7 @@ def test_training_survives_a_one_percent_fault_rate(run_dir):
     assert '"env_faults": 0' not in summary and '"env_faults"' in summary
 
 
+@pytest.mark.slow
 def test_fail_fast_policy_stops_at_the_first_fault(run_dir):
     config = load_config(
         CARTPOLE,
@@ -88,6 +89,7 @@ def test_fail_fast_policy_stops_at_the_first_fault(run_dir):
         train(config)
 
 
+@pytest.mark.slow
 def test_replay_partition_drops_the_n_step_window_of_a_faulted_episode(run_dir):
     config = load_config(
         EXPERIMENTS / "pendulum_sac.yaml",

@@ -95,6 +95,7 @@ def test_gymnax_cartpole_reaches_threshold_in_one_process(run_dir):
     assert evaluation.checkpoint == result.updates and evaluation.mean >= THRESHOLD
 
 
+@pytest.mark.slow
 def test_impala_runs_on_jax_envs_with_lag_zero(run_dir):
     config = load_config(
         EXPERIMENTS / "cartpole_impala.yaml",
@@ -137,6 +138,7 @@ print("RESULT" + json.dumps(results))
 """
 
 
+@pytest.mark.slow
 def test_one_update_equal_on_one_and_eight_host_devices():
     results = _run_with_eight_host_devices(EIGHT_DEVICES_SCRIPT)
     one, eight = results["1"], results["8"]
@@ -169,6 +171,7 @@ def _quick(run_dir, name: str, *extra: str) -> list[str]:
     ]
 
 
+@pytest.mark.slow
 def test_resume_continues_the_run_as_if_never_stopped(run_dir):
     """8 updates, then resumed to 16, equal one uninterrupted run of 16 (the envs' mid-episode
     state is in the checkpoint); counters continue and the accounting covers the whole run."""
@@ -191,6 +194,7 @@ def test_resume_continues_the_run_as_if_never_stopped(run_dir):
     assert resume["update"] == 8 and resume["state_checksum"] == saved[-1]["state_checksum"]
 
 
+@pytest.mark.slow
 def test_resume_with_another_env_count_is_refused(run_dir):
     train(load_config(CARTPOLE_JAX, _quick(run_dir, "r", "run.total_env_steps=128")))
     config = load_config(CARTPOLE_JAX, _quick(run_dir, "r", "env.global_num_envs=4"))
@@ -251,6 +255,7 @@ def test_without_gymnax_the_error_says_what_to_install(run_dir, monkeypatch):
         train(config)
 
 
+@pytest.mark.slow
 def test_under_mpiexec_with_two_ranks_every_rank_stops_naming_the_backend(tmp_path):
     proc = run_command(
         [

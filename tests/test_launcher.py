@@ -88,6 +88,7 @@ def test_a_world_of_another_mpi_says_to_match_launcher_and_library():
     assert "MPI4PY_LIBMPI" in message
 
 
+@pytest.mark.slow
 def test_doctor_in_one_process_names_the_library_and_the_devices(tmp_path):
     proc = run_command(agentenv_command("doctor"), timeout=120, cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
@@ -96,6 +97,7 @@ def test_doctor_in_one_process_names_the_library_and_the_devices(tmp_path):
     assert "rank 0 " in proc.stdout and "cpu device(s)" in proc.stdout
 
 
+@pytest.mark.slow
 def test_doctor_under_mpiexec_reports_every_rank_from_rank_0(tmp_path):
     proc = run_command(
         [mpiexec_path(), "-n", "2", *agentenv_command("doctor")], timeout=120, cwd=tmp_path
@@ -112,6 +114,7 @@ def test_two_mpi_wheels_in_one_environment_are_a_problem():
     assert _problems({"mpich": "5.0.2"}) == []
 
 
+@pytest.mark.slow
 def test_a_multi_rank_start_without_an_mpi_library_says_what_to_install(tmp_path):
     """mpi4py finds no libmpi (none installed, no site MPI loaded): one error naming the fix,
     not mpi4py's traceback."""

@@ -21,6 +21,8 @@ from conftest import (
     settings,
 )
 
+pytestmark = pytest.mark.slow  # every test here starts a process or trains
+
 CARTPOLE = str(EXPERIMENTS / "cartpole_ppo.yaml")
 
 BAD_INPUTS = {

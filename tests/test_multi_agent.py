@@ -252,6 +252,7 @@ def test_the_team_return_sums_the_agents_mean_returns():
     assert restored.return_mean == window.return_mean
 
 
+@pytest.mark.slow
 def test_finished_agents_are_padding_in_the_segments(run_dir):
     config = load_config(
         EXPERIMENTS / "navigation_mappo.yaml",

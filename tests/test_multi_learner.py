@@ -34,6 +34,7 @@ def _results(stdout: str) -> list[dict]:
     return [json.loads(line[len("RESULT") :]) for line in stdout.splitlines() if "RESULT" in line]
 
 
+@pytest.mark.slow
 def test_update_on_a_global_mesh_of_two_processes_equals_the_one_device_update():
     proc = run_command(
         [mpiexec_path(), "-n", "2", sys.executable, "multi_learner_update_job.py"],
@@ -188,6 +189,7 @@ def test_sac_with_two_learners_reaches_its_threshold_from_their_partitions(run_d
     assert len(last["replay/partition_mass"]) == 2 and min(last["replay/partition_mass"]) > 0
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("overrides", "extra_env", "message"),
     [

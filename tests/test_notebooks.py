@@ -35,6 +35,7 @@ def test_notebook_is_valid_and_says_what_to_install(path):
         assert re.search(r"pip install 'agentenv_jax\[([\w-]+,)*plot\b", first), first
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
 def test_notebook_executes(path):
     notebook = nbformat.read(path, as_version=4)

@@ -15,6 +15,8 @@ from agentenv_jax.workflow.plotting import curves, draw_runs, series, time_break
 
 from conftest import REPO, agentenv_command, run_command
 
+pytestmark = pytest.mark.slow  # every test here starts a process or trains
+
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):

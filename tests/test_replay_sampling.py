@@ -11,6 +11,8 @@ import pytest
 
 from conftest import REPO, mpiexec_path, run_command
 
+pytestmark = pytest.mark.slow  # every test here starts a process or trains
+
 # Stored items per partition: the 6 envs split over 3 env ranks (one learner: 2, 2, 2; two
 # learners: 3 envs each, env ranks 0 and 2 sharing learner 0's), so the capacities differ.
 STORED = {1: [40, 100, 100], 2: [40, 120, 50]}

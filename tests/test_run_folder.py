@@ -46,6 +46,7 @@ def _holding_process(folder) -> subprocess.Popen:
     return proc
 
 
+@pytest.mark.slow
 def test_a_held_run_folder_is_refused_naming_the_holder_until_it_ends(tmp_path):
     folder = tmp_path / "run"
     holder = _holding_process(folder)

@@ -97,6 +97,8 @@ from agentenv_jax.parallel.mesh import make_mesh, place_on_mesh, row_constraint
 from agentenv_jax.parallel.partitioning import check_model_axis_divides, state_shardings
 from test_ppo import make_rollout, make_update_setup
 
+pytestmark = pytest.mark.slow  # every test here starts a process or trains
+
 rollout = make_rollout(np.random.default_rng(7), 16, 8, 4, 3)
 results = {}
 for name, (n, model) in {"one": (1, 1), "data2_model4": (8, 4)}.items():

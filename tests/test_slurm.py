@@ -36,6 +36,7 @@ TWO_NODES = SlurmJob(
 )
 
 
+@pytest.mark.slow
 def test_a_two_node_job_puts_the_learner_on_a_gpu_node_and_env_ranks_on_a_cpu_node():
     expected = """\
 #!/bin/bash
@@ -122,6 +123,7 @@ FOUR_TRIALS = SweepArrayJob(
 )
 
 
+@pytest.mark.slow
 def test_a_four_trial_sweep_is_a_job_array_one_trial_per_task():
     expected = """\
 #!/bin/bash

@@ -45,6 +45,7 @@ def test_a_failed_compile_is_raised_by_the_first_call():
         ahead(np.zeros((3, 4), np.float32))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "experiment, overrides",
     [

@@ -269,6 +269,7 @@ def _sweep_processes(folder: Path) -> list[str]:
     return found
 
 
+@pytest.mark.slow
 def test_grid_sweep_is_killed_resumed_and_tabled(tmp_path):
     """A 2x2 grid with 2 seeds, two trials at a time: SIGKILL the sweep once some trials have
     finished; its trials stop with it; the same command resumes without redoing the finished
@@ -336,6 +337,7 @@ def test_grid_sweep_is_killed_resumed_and_tabled(tmp_path):
     ]
 
 
+@pytest.mark.slow
 def test_mpiexec_trials_one_trial_at_a_time_and_a_changed_sweep(tmp_path):
     """ranks: 3 runs each trial as an mpiexec job; --trial K runs only trial K (a Slurm array
     task); --table rewrites the tables; a changed sweep does not resume into the old folder."""

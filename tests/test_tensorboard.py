@@ -4,9 +4,12 @@ TensorBoard's own reader."""
 from __future__ import annotations
 
 import numpy as np
+import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 import agentenv_jax as ae
+
+pytestmark = pytest.mark.slow  # every test here starts a process or trains
 
 
 def test_tensorboard_events_hold_the_metrics_and_timings(tmp_path):

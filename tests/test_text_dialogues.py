@@ -100,6 +100,7 @@ def test_bad_arguments_name_what_is_wrong():
         sample_dialogues(resolve_config("cartpole_ppo"))
 
 
+@pytest.mark.slow
 def test_trained_params_load_the_runs_policy(tmp_path):
     run = ae.train(
         "arithmetic_ppo",

@@ -250,6 +250,7 @@ def test_central_inference_acts_as_the_env_ranks_own_cnn_policy_would(run_dir):
         assert central["loss/total"] == pytest.approx(own["loss/total"], rel=1e-5)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("experiment", "overrides", "message"),
     [
@@ -307,6 +308,7 @@ def test_bad_text_settings_are_one_start_up_error(experiment, overrides, message
     assert "Traceback" not in proc.stderr
 
 
+@pytest.mark.slow
 def test_init_from_starts_training_from_a_local_checkpoint_of_weights(run_dir, tmp_path):
     from agentenv_jax.checkpoint import CheckpointStore
     from agentenv_jax.checkpoint.pretrained import save_language_model

@@ -256,6 +256,7 @@ def test_central_inference_trains_cartpole_above_a_random_policy(run_dir):
     assert_reconciles(result.accounting)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("launcher", ["one_process", "mpiexec"])
 def test_identical_synchronous_runs_write_identical_metrics(launcher, tmp_path):
     """Same seed, config and topology: bit-identical metrics (timings live in timings.jsonl)."""
@@ -280,6 +281,7 @@ def test_identical_synchronous_runs_write_identical_metrics(launcher, tmp_path):
     assert first and first == (tmp_path / "b" / "metrics.jsonl").read_bytes()
 
 
+@pytest.mark.slow
 def test_native_vectorization_pads_auto_reset_rows_and_still_reconciles(run_dir):
     """CartPole's native vector env auto-resets on the next step; those rows are not counted."""
     config = load_config(
@@ -304,6 +306,7 @@ def test_native_vectorization_pads_auto_reset_rows_and_still_reconciles(run_dir)
     assert rows - episodes <= result.env_steps <= rows - episodes + 8
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("path", sorted(EXPERIMENTS.glob("*.yaml")), ids=lambda p: p.name)
 def test_every_experiment_runs_with_a_tiny_budget(path, run_dir):
     overrides = [f"run.run_dir={run_dir}", "run.name=smoke", "run.progress=false"]
@@ -339,6 +342,7 @@ def test_every_experiment_runs_with_a_tiny_budget(path, run_dir):
         assert evaluation.mean < 200
 
 
+@pytest.mark.slow
 def test_sac_prioritized_n_step_replay_in_one_process(run_dir):
     """Prioritized sampling with importance weights and 3-step returns, end to end."""
     config = load_config(
@@ -369,6 +373,7 @@ def test_sac_prioritized_n_step_replay_in_one_process(run_dir):
     assert 0.8 < last["replay/sampled"] / (32 * (last["replay/inserted"] - 200)) <= 1.05
 
 
+@pytest.mark.slow
 def test_async_vectorization_has_no_padding_rows(run_dir):
     """AsyncVectorEnv (SAME_STEP autoreset) resets within the step: every row is a transition."""
     config = load_config(
@@ -428,6 +433,7 @@ def test_truncated_episodes_bootstrap_from_the_value_of_their_final_observation(
     assert np.all(segment["bootstrap_value"][~truncated] == 0)
 
 
+@pytest.mark.slow
 def test_cli_entry_point_env_with_overrides_writes_run_dir(run_dir):
     proc = run_command(
         agentenv_command(
@@ -461,6 +467,7 @@ def test_cli_entry_point_env_with_overrides_writes_run_dir(run_dir):
     assert json.loads((out / "summary.json").read_text())["accounting"]["reconciles"]
 
 
+@pytest.mark.slow
 def test_observation_statistics_are_merged_across_env_ranks(run_dir):
     """Under mpiexec every env rank must normalize with the same (global) statistics. The env
     ranks' first observation is shifted by 10 x rank (rank 1: cos theta + 10, rank 2: + 20),

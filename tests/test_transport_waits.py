@@ -7,6 +7,7 @@ import json
 import sys
 
 import numpy as np
+import pytest
 
 from agentenv_jax.transport.spec import FieldSpec, MessageSpec
 
@@ -49,6 +50,7 @@ def test_views_are_each_field_at_its_offset():
     assert buffer[48:].view(np.int32).tolist() == [0, 0, -7, 0]
 
 
+@pytest.mark.slow
 def test_waits_spin_before_sleeping_then_back_off_to_their_cap():
     result = job_result([sys.executable, JOB, "backoff"], timeout=120)
     # No sleep while a wait is young, whether its message comes or not; after a reset too.
@@ -60,6 +62,7 @@ def test_waits_spin_before_sleeping_then_back_off_to_their_cap():
     assert "timed out after 1 s waiting for the test's message" in result["timeout_error"]
 
 
+@pytest.mark.slow
 def test_segments_stream_in_order_and_reconcile_at_every_credit_count():
     result = job_result([mpiexec_path(), "-n", "3", sys.executable, JOB, "stream"], timeout=300)
     assert [case["credits"] for case in result["cases"]] == [1, 2, 8]

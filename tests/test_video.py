@@ -23,6 +23,7 @@ def decoded(path) -> tuple[int, tuple[int, int]]:
         reader.close()
 
 
+@pytest.mark.slow
 def test_catch_episodes_are_recorded_frame_by_frame(run_dir, tmp_path):
     config = load_config(
         EXPERIMENTS / "catch_ppo.yaml",
