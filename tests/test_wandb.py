@@ -20,7 +20,12 @@ import pytest
 import agentenv_jax as ae
 from agentenv_jax.config.errors import ConfigError
 from agentenv_jax.config.loading import config_to_dict
-from agentenv_jax.metrics.wandb_logger import RUN_ID_FILE, has_credentials, resolve_mode
+from agentenv_jax.metrics.wandb_logger import (
+    RUN_ID_FILE,
+    WandbLogger,
+    has_credentials,
+    resolve_mode,
+)
 from agentenv_jax.workflow.cli import main
 
 from conftest import agentenv_command, mpi_launch, run_command, settings
@@ -192,6 +197,22 @@ def test_a_stopped_run_finishes_its_wandb_run(tmp_path, no_credentials):
     assert [step for step, _ in history(folder)] == [r["env_steps"] for r in run.records]
     (end,) = records_of(folder, "exit")
     assert end.exit.exit_code == 0
+
+
+def test_a_run_that_fails_is_finished_as_failed(tmp_path, no_credentials):
+    """A logger closed while an error propagates (the drivers close it in `finally`) finishes
+    its W&B run with exit code 1."""
+    logger = WandbLogger(tmp_path, "wb", "agentenv_jax", "offline", {"run": {"seed": 0}})
+    with pytest.raises(RuntimeError, match="the update failed"):
+        try:
+            logger.log({"loss/policy": 0.5}, step=256)
+            raise RuntimeError("the update failed")
+        finally:
+            logger.close()
+    (folder,) = offline_runs(tmp_path)
+    assert history(folder) == [(256, {"loss/policy": 0.5})]
+    (end,) = records_of(folder, "exit")
+    assert end.exit.exit_code == 1
 
 
 def test_credentials_decide_the_auto_mode(tmp_path):
