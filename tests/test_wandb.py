@@ -199,6 +199,7 @@ def test_a_stopped_run_finishes_its_wandb_run(tmp_path, no_credentials):
     assert end.exit.exit_code == 0
 
 
+@pytest.mark.slow  # wandb starts its service process
 def test_a_run_that_fails_is_finished_as_failed(tmp_path, no_credentials):
     """A logger closed while an error propagates (the drivers close it in `finally`) finishes
     its W&B run with exit code 1."""
