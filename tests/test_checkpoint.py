@@ -405,8 +405,8 @@ def test_replay_partition_saved_and_restored_in_one_process(tmp_path):
 def test_a_checkpoint_from_before_a_setting_existed_resumes_with_its_default(tmp_path):
     """Checkpoints written before `network.torso` and `env.backend` existed hold configs
     without them: those runs used the defaults, so they stay resumable; a real change is not."""
+    from agentenv_jax.checkpoint.run_folder import check_compatible
     from agentenv_jax.config.loading import config_to_dict
-    from agentenv_jax.learner.session import check_compatible
 
     current = load_config(EXPERIMENTS / "cartpole_ppo.yaml")
     saved = config_to_dict(current)

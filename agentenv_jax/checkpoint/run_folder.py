@@ -1,5 +1,13 @@
-"""A run folder while a job uses it: one job at a time (a lock), and one record per update across
-the sessions of a resumed run.
+"""A run folder: what it holds, whether it holds a run, whether it can resume with a config, and
+which checkpoint; and, while a job uses it, one job at a time (a lock) and one record per update
+across the sessions of a resumed run.
+
+RUN_DIR = `run.run_dir`/`run.name` holds config.yaml (the resolved config), metrics.jsonl and
+timings.jsonl (one record per update), events.jsonl, summary.json (when a session ends),
+checkpoints/N (orbax, N the update) with the replay partitions saved beside them, and run.lock.
+Launch, the learner's session, the JAX-env learner, the API and sweeps ask here. The checkpoint
+store (which imports jax) is imported by the functions that open one: the supervisor, the
+CLI and sweeps ask about folders without paying for jax.
 
 The lock is an `flock` on RUN_DIR/run.lock held by the lead learner's process for the whole
 session, so the kernel releases it when that process ends however it ends: a lock left by a
@@ -11,6 +19,7 @@ host; a holder on another host is trusted until the user removes the file).
 
 from __future__ import annotations
 
+import dataclasses
 import errno
 import fcntl
 import json
@@ -22,8 +31,16 @@ from pathlib import Path
 from typing import Any
 
 from agentenv_jax.config.errors import ConfigError
+from agentenv_jax.config.loading import config_to_dict, with_defaults
+from agentenv_jax.config.schema import ExperimentConfig
 
 LOCK_FILE = "run.lock"
+CHECKPOINTS = "checkpoints"
+# Settings a checkpoint's learner state depends on: a resumed run may change budgets, topology,
+# logging and checkpoint cadence, but not these. With `env.backend: jax` the envs' state is part
+# of the learner's, one row per env, so their count is too.
+_STATE_DEFINING = ("env.id", "env.backend", "network", "algorithm.name")
+_JAX_ENV_STATE_DEFINING = ("env.global_num_envs",)
 # Per-update record files of a run: cut back to the restored checkpoint when a run resumes.
 RECORD_FILES = ("metrics.jsonl", "timings.jsonl")
 
@@ -185,3 +202,122 @@ def policy_params(run_dir: str | Path, config: Any) -> Any:
     finally:
         store.close()
     return state["actor_params" if config.algorithm.name == "sac" else "params"]
+
+
+def folder_of(config: ExperimentConfig) -> Path:
+    """RUN_DIR of a config whose `run.name` is set (`with_run_name`)."""
+    if config.run.name is None:
+        raise ValueError("the run directory of an unnamed run is not decided yet")
+    return Path(config.run.run_dir) / config.run.name
+
+
+def with_run_name(config: ExperimentConfig, name: str | None = None) -> ExperimentConfig:
+    """`config` with `run.name` set: to `name`, or for an unnamed run to a fresh
+    `<env>-<algorithm>-<time>` folder name, so that every rank agrees on RUN_DIR."""
+    if name is None:
+        if config.run.name is not None:
+            return config
+        name = stem = (
+            f"{config.env.id.replace(':', '_').replace('/', '_')}-{config.algorithm.name}-"
+            f"{time.strftime('%Y%m%d-%H%M%S')}"
+        )
+        suffix = 1
+        while (Path(config.run.run_dir) / name).exists():  # unnamed runs started together
+            suffix += 1
+            name = f"{stem}-{suffix}"
+    return dataclasses.replace(config, run=dataclasses.replace(config.run, name=name))
+
+
+def has_checkpoint(path: str | Path) -> bool:
+    """Whether folder `path` holds at least one checkpoint (checkpoints/N)."""
+    checkpoints = Path(path) / CHECKPOINTS
+    return checkpoints.is_dir() and any(p.name.isdigit() for p in checkpoints.iterdir())
+
+
+def holds_run(path: str | Path) -> bool:
+    """Whether folder `path` holds a run: records or a checkpoint. A start called off early
+    leaves at most config.yaml and an empty checkpoints folder: not a run."""
+    return (Path(path) / "metrics.jsonl").exists() or has_checkpoint(path)
+
+
+def check_new_run(config: ExperimentConfig, resume: bool) -> None:
+    """A new run must not write into an earlier run's folder (its metrics and checkpoints)."""
+    if resume or config.run.name is None:
+        return  # resuming is the point; unnamed runs get a fresh timestamped folder
+    path = folder_of(config)
+    if holds_run(path):
+        raise ConfigError(
+            f"run.name = {config.run.name!r}: {path} already holds a run; continue it with "
+            f"`agentenv train --resume {path}`, or choose another run.name"
+        )
+
+
+def _lookup(config: dict[str, Any], dotted: str) -> Any:
+    node: Any = config
+    for key in dotted.split("."):
+        node = node.get(key) if isinstance(node, dict) else None
+    return node
+
+
+def check_compatible(saved: dict[str, Any], current: ExperimentConfig, where: Path) -> None:
+    """`CheckpointError` naming the first setting that makes a checkpoint written with config
+    `saved` (a dict) unusable by `current`."""
+    from agentenv_jax.checkpoint.store import CheckpointError
+
+    now = config_to_dict(current)
+    saved = with_defaults(saved)
+    settings = _STATE_DEFINING
+    if current.env.backend == "jax":
+        settings += _JAX_ENV_STATE_DEFINING
+    for dotted in settings:
+        before, after = _lookup(saved, dotted), _lookup(now, dotted)
+        if isinstance(before, dict) and isinstance(after, dict):
+            for key in sorted(set(before) | set(after)):
+                if before.get(key) != after.get(key):
+                    raise CheckpointError(
+                        f"checkpoint {where} was written with {dotted}.{key} = "
+                        f"{before.get(key)!r}; this config has {after.get(key)!r}"
+                    )
+        elif before != after:
+            raise CheckpointError(
+                f"checkpoint {where} was written with {dotted} = {before!r}; "
+                f"this config has {after!r}"
+            )
+
+
+def check_resumable(config: ExperimentConfig, path: str | Path) -> None:
+    """Fail early (before any rank starts its loop) if folder `path` cannot be resumed with
+    this config: no checkpoint, or one written by an incompatible experiment."""
+    from agentenv_jax.checkpoint.store import CheckpointStore
+
+    store = CheckpointStore(Path(path), config.checkpoint.keep)
+    try:
+        check_compatible(store.read_meta()["config"], config, store.directory)
+    finally:
+        store.close()
+
+
+def newest_checkpoint(config: ExperimentConfig, path: str | Path) -> int | None:
+    """The update of folder `path`'s newest checkpoint, None when it has none."""
+    from agentenv_jax.checkpoint.store import CheckpointStore
+
+    store = CheckpointStore(Path(path), config.checkpoint.keep)
+    try:
+        return store.latest_step()
+    finally:
+        store.close()
+
+
+def saved_replay_to_restore(config: ExperimentConfig, path: str | Path) -> tuple[int, int] | None:
+    """The (checkpoint update, partition count) of the replay set a resumed run loads back: the
+    one saved with the newest checkpoint, if `checkpoint.save_replay` is on and every partition
+    of it is on disk."""
+    if not config.checkpoint.save_replay:
+        return None
+    update = newest_checkpoint(config, path)
+    if update is None:
+        return None
+    from agentenv_jax.checkpoint import replay_files
+
+    count = replay_files.complete_set(Path(path), update)
+    return None if count is None else (update, count)

@@ -7,21 +7,18 @@ jitted step once per update and reads its outputs back to the host.
 
 from __future__ import annotations
 
-import collections
 import time
-from pathlib import Path
 from typing import Any
 
 import jax
-import numpy as np
 
-from agentenv_jax.checkpoint.store import CheckpointError, CheckpointStore
 from agentenv_jax.config.errors import ConfigError
 from agentenv_jax.config.schema import ExperimentConfig
 from agentenv_jax.envs.jax_envs import check_jax_backend_settings, make_jax_env
 from agentenv_jax.learner.anakin import Anakin, AnakinState, build_anakin, state_shardings
 from agentenv_jax.learner.guards import check_finite
 from agentenv_jax.metrics.accounting import Accounting
+from agentenv_jax.metrics.episode_window import EpisodeWindow
 from agentenv_jax.metrics.logger import (
     MetricsWriter,
     ProgressLine,
@@ -32,9 +29,6 @@ from agentenv_jax.metrics.logger import (
 # On-policy algorithms whose update takes the `[T, E]` rollout the Anakin step produces. SAC
 # keeps its replay partitions on env ranks, which this mode has none of.
 SUPPORTED_ALGORITHMS = ("ppo", "impala")
-# Settings a checkpoint of this mode depends on besides `session._STATE_DEFINING`: the envs'
-# state is part of it, one row per env.
-_ENV_STATE_DEFINING = ("backend", "global_num_envs")
 
 
 def prepare_anakin(config: ExperimentConfig) -> Anakin:
@@ -51,23 +45,6 @@ def prepare_anakin(config: ExperimentConfig) -> Anakin:
     check_jax_backend_settings(config.env)
     jax_env = make_jax_env(config.env)
     return build_anakin(config, jax_env, learner_devices(config))
-
-
-def check_anakin_resumable(config: ExperimentConfig, run_dir: Path) -> None:
-    """`CheckpointError` naming the env setting that makes the newest checkpoint unusable."""
-    store = CheckpointStore(run_dir, config.checkpoint.keep)
-    try:
-        saved = store.read_meta()["config"].get("env", {})
-    finally:
-        store.close()
-    for name in _ENV_STATE_DEFINING:
-        before = saved.get(name, "gymnasium" if name == "backend" else None)
-        after = getattr(config.env, name)
-        if before != after:
-            raise CheckpointError(
-                f"checkpoint {store.directory} was written with env.{name} = {before!r}; "
-                f"this config has {after!r}"
-            )
 
 
 class AnakinLearner:
@@ -88,8 +65,7 @@ class AnakinLearner:
         self._writer = writer
         self._progress = progress
         self._rows_per_update = config.algorithm.rollout_length * config.env.global_num_envs
-        self._returns: collections.deque[float] = collections.deque(maxlen=config.run.return_window)
-        self._lengths: collections.deque[int] = collections.deque(maxlen=config.run.return_window)
+        self._episodes = EpisodeWindow(config.run.return_window)
         self.episodes = 0
         self._before = Accounting()  # what earlier sessions of this run (before a resume) did
         self.produced = 0  # this session's env steps, counted as each rollout is collected
@@ -113,7 +89,7 @@ class AnakinLearner:
 
     @property
     def episode_return_mean(self) -> float:
-        return float(np.mean(self._returns)) if self._returns else float("nan")
+        return self._episodes.return_mean
 
     def params(self) -> Any:
         return jax.device_get(self.state.params)
@@ -134,8 +110,7 @@ class AnakinLearner:
             "trained": self.env_steps,
             "accounting": so_far.counts(),
             "episodes": self.episodes,
-            "returns": list(self._returns),
-            "lengths": list(self._lengths),
+            **self._episodes.state(),
         }
 
     def restore(self, state: AnakinState, meta: dict[str, Any]) -> None:
@@ -143,8 +118,7 @@ class AnakinLearner:
         self.state = jax.device_put(state, state_shardings(self.mesh))
         self.updates, self.episodes = int(meta["updates"]), int(meta["episodes"])
         self._before = Accounting(**meta["accounting"])
-        self._returns.extend(meta["returns"])
-        self._lengths.extend(meta["lengths"])
+        self._episodes.load(meta)
         self.done = self.updates >= self.num_updates
 
     def start(self) -> None:
@@ -161,14 +135,11 @@ class AnakinLearner:
         self.trained += int(metrics.pop("trained_rows"))
         self.updates += 1
         check_finite(self.updates, metrics)
-        lengths = outputs["episode_length"]
-        ended = lengths > 0  # `[T, E]`; read in time order, so the window keeps the newest
-        self._returns.extend(outputs["episode_return"][ended].tolist())
-        self._lengths.extend(lengths[ended].tolist())
-        self.episodes += int(ended.sum())
+        # `[T, E]`, read in time order, so the window keeps the newest episodes.
+        self.episodes += self._episodes.add(outputs["episode_return"], outputs["episode_length"])
 
         record = {
-            **progress_fields(self, self._start_time, self._lengths),
+            **progress_fields(self, self._start_time, self._episodes.lengths),
             # Acting and learning share the parameters of one step: synchronous, lag 0.
             "policy_lag_mean": 0.0,
             "policy_lag_max": 0,
@@ -176,10 +147,8 @@ class AnakinLearner:
             "time/learner_update_s": update_s,
         }
         self.last_record = record
-        self.done = self.updates >= self.num_updates or (
-            self.config.run.stop_at_return is not None
-            and len(self._returns) == self.config.run.return_window
-            and self.episode_return_mean >= self.config.run.stop_at_return
+        self.done = self.updates >= self.num_updates or self._episodes.reached(
+            self.config.run.stop_at_return
         )
         if self._writer is not None:
             self._writer.write(record)

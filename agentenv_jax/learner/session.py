@@ -19,47 +19,17 @@ import jax
 import numpy as np
 
 from agentenv_jax.checkpoint import replay_files
-from agentenv_jax.checkpoint.run_folder import cut_records_after
-from agentenv_jax.checkpoint.store import CheckpointError, CheckpointStore
-from agentenv_jax.config.loading import config_to_dict, with_defaults
+from agentenv_jax.checkpoint.run_folder import check_compatible, cut_records_after
+from agentenv_jax.checkpoint.store import CheckpointStore
+from agentenv_jax.config.loading import config_to_dict
 from agentenv_jax.config.schema import ExperimentConfig
 from agentenv_jax.transport.base import LearnerGroup, SoloLearnerGroup
 
-# Sections of the config a checkpoint's learner state depends on: a resumed run may change
-# budgets, topology, logging and checkpoint cadence, but not these.
-_STATE_DEFINING = ("env.id", "env.backend", "network", "algorithm.name")
 # Signals that ask the run to stop: preemption, Ctrl-C, the hang-up of a closed terminal (which
 # would otherwise kill the rank without a checkpoint), and SIGUSR2. NOTE: Open MPI's `mpirun`
 # takes SIGTERM, SIGINT and SIGHUP as "end the job": it passes the signal on and kills every rank
 # ~0.2 s later, before a final checkpoint; SIGUSR2 it only passes on (docs/cluster.md).
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR2)
-
-
-def _lookup(config: dict[str, Any], dotted: str) -> Any:
-    node: Any = config
-    for key in dotted.split("."):
-        node = node.get(key) if isinstance(node, dict) else None
-    return node
-
-
-def check_compatible(saved: dict[str, Any], current: ExperimentConfig, where: Path) -> None:
-    """Raise `CheckpointError` naming the first setting that makes the checkpoint unusable."""
-    now = config_to_dict(current)
-    saved = with_defaults(saved)
-    for dotted in _STATE_DEFINING:
-        before, after = _lookup(saved, dotted), _lookup(now, dotted)
-        if isinstance(before, dict) and isinstance(after, dict):
-            for key in sorted(set(before) | set(after)):
-                if before.get(key) != after.get(key):
-                    raise CheckpointError(
-                        f"checkpoint {where} was written with {dotted}.{key} = "
-                        f"{before.get(key)!r}; this config has {after.get(key)!r}"
-                    )
-        elif before != after:
-            raise CheckpointError(
-                f"checkpoint {where} was written with {dotted} = {before!r}; "
-                f"this config has {after!r}"
-            )
 
 
 def state_checksum(state: Any) -> float:
@@ -72,33 +42,6 @@ def state_checksum(state: Any) -> float:
             if np.issubdtype(x.dtype, np.floating)
         )
     )
-
-
-def check_resumable(config: ExperimentConfig, run_dir: Path) -> None:
-    """Fail early (before any rank starts its loop) if the run directory cannot be resumed with
-    this config: no checkpoint, or one written by an incompatible experiment."""
-    store = CheckpointStore(run_dir, config.checkpoint.keep)
-    try:
-        check_compatible(store.read_meta()["config"], config, store.directory)
-    finally:
-        store.close()
-
-
-def saved_replay_to_restore(config: ExperimentConfig, run_dir: Path) -> tuple[int, int] | None:
-    """The (checkpoint update, partition count) of the replay set a resumed run loads back: the
-    one saved with the newest checkpoint, if `checkpoint.save_replay` is on and every partition
-    of it is on disk."""
-    if not config.checkpoint.save_replay:
-        return None
-    store = CheckpointStore(run_dir, config.checkpoint.keep)
-    try:
-        update = store.latest_step()
-    finally:
-        store.close()
-    if update is None:
-        return None
-    count = replay_files.complete_set(run_dir, update)
-    return None if count is None else (update, count)
 
 
 class LearnerSession:

@@ -1,8 +1,12 @@
-"""Run an experiment: pick the transport, agree on the experience spec, drive the loops.
+"""Run an experiment: pick the run shape, agree on the experience spec, drive the loops.
 
-`train(config)` is the one entry point for the CLI, notebooks and tests. Without an MPI launcher
-it runs one learner and one env rank in this process over the in-process transport; under
-`mpiexec`/`srun` each rank plays its role over MPI. Both run the same `Actor` and `Learner`.
+`train(config)` is the one entry point for the CLI, notebooks and tests. A run has one of three
+shapes: one learner and one env rank interleaved in this process over the in-process
+transport (no launcher); one role per rank over MPI (`mpiexec`/`srun`); or `env.backend: jax`,
+the envs inside the learner's jitted update in one process. Each builds its learner and
+session its own way, then the same driver (`_drive`) runs them: the start event and config,
+rounds until the session stops, the final checkpoint and the summary. What the run folder
+holds, and whether it can resume, is `checkpoint.run_folder`'s to say.
 """
 
 from __future__ import annotations
@@ -14,10 +18,11 @@ import socket
 import sys
 import time
 import traceback
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from agentenv_jax.checkpoint.run_folder import RunFolderLock, lock_run_folder
+from agentenv_jax.checkpoint import run_folder
 from agentenv_jax.config.errors import ConfigError
 from agentenv_jax.config.loading import config_to_dict, save_config
 from agentenv_jax.config.schema import ExperimentConfig
@@ -74,51 +79,16 @@ def launched_by_mpi() -> bool:
     return detect_launcher().started_ranks
 
 
-def _run_dir(config: ExperimentConfig) -> Path:
-    """RUN_DIR (made if missing) of a config whose `run.name` is set (`with_run_name`)."""
-    if config.run.name is None:
-        raise ValueError("the run directory of an unnamed run is not decided yet")
-    path = Path(config.run.run_dir) / config.run.name
+def _made_run_dir(config: ExperimentConfig) -> Path:
+    """RUN_DIR of a named run, made if missing."""
+    path = run_folder.folder_of(config)
     path.mkdir(parents=True, exist_ok=True)
     return path
 
 
-def with_run_name(config: ExperimentConfig, name: str | None = None) -> ExperimentConfig:
-    """`config` with `run.name` set: to `name`, or for an unnamed run to a fresh
-    `<env>-<algorithm>-<time>` folder name, so that every rank agrees on RUN_DIR."""
-    if name is None:
-        if config.run.name is not None:
-            return config
-        name = stem = (
-            f"{config.env.id.replace(':', '_').replace('/', '_')}-{config.algorithm.name}-"
-            f"{time.strftime('%Y%m%d-%H%M%S')}"
-        )
-        suffix = 1
-        while (Path(config.run.run_dir) / name).exists():  # unnamed runs started together
-            suffix += 1
-            name = f"{stem}-{suffix}"
-    return dataclasses.replace(config, run=dataclasses.replace(config.run, name=name))
-
-
-def check_run_dir(config: ExperimentConfig, resume: bool) -> None:
-    """A new run must not write into an earlier run's folder (its metrics and checkpoints)."""
-    if resume or config.run.name is None:
-        return  # resuming is the point; unnamed runs get a fresh timestamped folder
-    path = Path(config.run.run_dir) / config.run.name
-    checkpoints = path / "checkpoints"
-    # A start called off early leaves at most an empty checkpoints folder: not a run.
-    if (path / "metrics.jsonl").exists() or (
-        checkpoints.is_dir() and any(p.name.isdigit() for p in checkpoints.iterdir())
-    ):
-        raise ConfigError(
-            f"run.name = {config.run.name!r}: {path} already holds a run; continue it with "
-            f"`agentenv train --resume {path}`, or choose another run.name"
-        )
-
-
 # The run folder this process trains into, locked from the learner's checks to the end of
 # `train` (the lead learner's process holds it).
-_run_folder_locks: list[RunFolderLock] = []
+_run_folder_locks: list[run_folder.RunFolderLock] = []
 
 
 def _prepare_learner(
@@ -128,7 +98,6 @@ def _prepare_learner(
     lead takes its lock), which is free (a new run) or resumable with this config (a resume).
     Returns the config with its run name decided and, for a resume, the saved replay set to load
     back. A config whose batch (or JAX envs) cannot fit in memory is refused first."""
-    from agentenv_jax.learner.session import check_resumable
     from agentenv_jax.metrics.logger import require_tensorboard_writer
     from agentenv_jax.metrics.wandb_logger import require_wandb
 
@@ -137,15 +106,15 @@ def _prepare_learner(
         require_tensorboard_writer()
     if config.run.wandb:
         require_wandb()
-    config = with_run_name(config)
+    config = run_folder.with_run_name(config)
     if lead:
-        path = Path(config.run.run_dir) / str(config.run.name)
+        path = run_folder.folder_of(config)
         if not resume or path.is_dir():  # a resume of no folder is refused below
-            _run_folder_locks.append(lock_run_folder(path))
-    check_run_dir(config, resume)
+            _run_folder_locks.append(run_folder.lock_run_folder(path))
+    run_folder.check_new_run(config, resume)
     if not resume:
         return config, None
-    check_resumable(config, _run_dir(config))
+    run_folder.check_resumable(config, _made_run_dir(config))
     return config, _saved_replay(config)
 
 
@@ -156,7 +125,7 @@ def _learner_outputs(config: ExperimentConfig):
     from agentenv_jax.metrics.logger import MetricsWriter, ProgressLine
     from agentenv_jax.metrics.wandb_logger import wandb_logger_for
 
-    run_dir = _run_dir(config)
+    run_dir = _made_run_dir(config)
     tensorboard_dir = run_dir / "tensorboard" if config.run.tensorboard else None
     wandb = wandb_logger_for(config, run_dir)
     writer = MetricsWriter(run_dir / "metrics.jsonl", tensorboard_dir, wandb)
@@ -210,9 +179,7 @@ def _agree(world: Any, error: str | None) -> None:
 def _saved_replay(config: ExperimentConfig) -> tuple[int, int] | None:
     """Where a resumed run's partitions come from (learner side; see `saved_replay_to_restore`),
     with a note when `checkpoint.save_replay` is on but there is nothing whole to load."""
-    from agentenv_jax.learner.session import saved_replay_to_restore
-
-    source = saved_replay_to_restore(config, _run_dir(config))
+    source = run_folder.saved_replay_to_restore(config, _made_run_dir(config))
     if source is None and config.checkpoint.save_replay:
         print(
             "agentenv: note: the newest checkpoint has no complete saved replay set; "
@@ -229,10 +196,93 @@ def _describe(err: BaseException) -> str:
     return f"{type(err).__name__}: {err}"  # an env constructor can raise anything
 
 
-def run_single_process(config: ExperimentConfig, resume: bool = False) -> TrainResult:
-    """One learner and one env rank in this process, interleaved over the in-process transport."""
+@dataclasses.dataclass(frozen=True)
+class _RunShape:
+    """What differs between the run shapes once the learner and its session are built."""
+
+    mpi: bool  # ranks talk over MPI (the start event's runtime record)
+    round: Callable[[], None]  # one round of work: the learner's, and an in-process env rank's
+    stop: Callable[[], None]  # after the session's last round: end the learner (and env rank)
+    topology: Callable[[], str]  # the summary's topology line, once the run has ended
+    processes: dict[int, dict[str, Any]]  # the job's processes, for the start event
+    lead: bool = True  # writes config.yaml, the start event and the summary
+
+
+def _drive(
+    config: ExperimentConfig,
+    learner: Any,
+    session: Any,
+    run_dir: Path,
+    writer: Any,
+    shape: _RunShape,
+    started: float,
+    compile_start: CompileTotals,
+) -> TrainResult:
+    """The learner's part of every run shape: record the start, write config.yaml (only now,
+    so a refused resume leaves the run's own config as it was), run rounds until the session
+    stops, end, write the final checkpoint and the summary."""
+    try:
+        if shape.lead:
+            session.record_start(shape.processes, runtime_record(mpi=shape.mpi))
+            save_config(config, run_dir / "config.yaml")
+        session.install_signal_handlers()
+        learner.start()
+        while session.running:
+            shape.round()
+            session.after_round()
+        session.before_stop()
+        try:
+            shape.stop()
+        finally:
+            session.close()  # the final checkpoint, with the run's accounting when complete
+        if not shape.lead:
+            return TrainResult(
+                None,
+                learner.updates,
+                learner.env_steps,
+                learner.episode_return_mean,
+                time.perf_counter() - started,
+                learner.accounting.as_dict(),
+                interrupted=session.interrupted,
+            )
+        return _summarize(
+            run_dir,
+            learner,
+            started,
+            shape.topology(),
+            compile_start,
+            session.interrupted,
+            shape.processes if shape.mpi else None,
+        )
+    finally:
+        if writer is not None:
+            writer.close()
+        session.restore_signal_handlers()
+
+
+def _open_session(
+    make_learner: Callable[[], Any],
+    config: ExperimentConfig,
+    run_dir: Path,
+    resume: bool,
+    writer: Any,
+    group: Any = None,
+) -> tuple[Any, Any]:
+    """The learner and its session (which restores a resumed run's checkpoint); the writer is
+    closed if either cannot be built."""
     from agentenv_jax.learner.session import LearnerSession
 
+    try:
+        learner = make_learner()
+        return learner, LearnerSession(learner, config, run_dir, resume, group)
+    except BaseException:
+        if writer is not None:
+            writer.close()
+        raise
+
+
+def run_single_process(config: ExperimentConfig, resume: bool = False) -> TrainResult:
+    """One learner and one env rank in this process, interleaved over the in-process transport."""
     compile_start = _start_compile_clock(config)
     topology = make_topology(config, world_size=1, rank=0)
     config, replay_source = _prepare_learner(config, resume)
@@ -247,41 +297,35 @@ def run_single_process(config: ExperimentConfig, resume: bool = False) -> TrainR
     actor = plan.make_actor(vector_env, transport.actor)
     run_dir, writer, progress = _learner_outputs(config)
     started = time.perf_counter()
-    session = None
-    try:
-        learner = plan.make_learner(transport.learner, num_devices, writer, progress)
-        session = LearnerSession(learner, config, run_dir, resume)
-        session.record_start(_this_process(), runtime_record(mpi=False))
-        save_config(config, run_dir / "config.yaml")
-        session.install_signal_handlers()
-        learner.start()
+    learner, session = _open_session(
+        lambda: plan.make_learner(transport.learner, num_devices, writer, progress),
+        config,
+        run_dir,
+        resume,
+        writer,
+    )
+
+    def one_round() -> None:
         # The env rank runs until it would have to wait for the learner, then the learner
         # takes one round: the same loops as under MPI, interleaved.
-        while session.running:
-            while actor.ready():
-                actor.run_once()
-            learner.run_once()
-            session.after_round()
-        session.before_stop()
-        learner.request_stop()
-        try:
+        while actor.ready():
             actor.run_once()
-            actor.finish()
-            learner.finish()
-        finally:
-            session.close()  # the final checkpoint, with the run's accounting when complete
-        return _summarize(
-            run_dir,
-            learner,
-            started,
-            describe_topology(topology, learner),
-            compile_start,
-            session.interrupted,
-        )
-    finally:
-        writer.close()
-        if session is not None:
-            session.restore_signal_handlers()
+        learner.run_once()
+
+    def stop() -> None:
+        learner.request_stop()
+        actor.run_once()
+        actor.finish()
+        learner.finish()
+
+    shape = _RunShape(
+        mpi=False,
+        round=one_round,
+        stop=stop,
+        topology=lambda: describe_topology(topology, learner),
+        processes=_this_process(),
+    )
+    return _drive(config, learner, session, run_dir, writer, shape, started, compile_start)
 
 
 def _join_learners(config: ExperimentConfig, world: Any, topology: Any):
@@ -294,7 +338,8 @@ def _join_learners(config: ExperimentConfig, world: Any, topology: Any):
 
     group = split_learner_group(world, topology.num_learner_ranks)
     if group is not None:
-        config = with_run_name(config, group.allgather(with_run_name(config).run.name)[0])
+        name = run_folder.with_run_name(config).run.name
+        config = run_folder.with_run_name(config, group.allgather(name)[0])
     return config, group
 
 
@@ -377,7 +422,7 @@ def run_mpi(config: ExperimentConfig, resume: bool = False) -> TrainResult:
         raise StartupError(f"rank {failures[0][0]}: {failures[0][1]}")
     _check_learner_devices(outcomes, topology.num_learner_ranks)
     learner_outcome = outcomes[0]
-    config = with_run_name(config, learner_outcome["run_name"])
+    config = run_folder.with_run_name(config, learner_outcome["run_name"])
     spaces = outcomes[topology.num_learner_ranks]["spaces"]
     processes = {rank: {"pid": o["pid"], "host": o["host"]} for rank, o in enumerate(outcomes)}
     for rank in range(topology.num_learner_ranks):
@@ -395,7 +440,7 @@ def run_mpi(config: ExperimentConfig, resume: bool = False) -> TrainResult:
             if lead:
                 run_dir, writer, progress = _learner_outputs(config)
             else:  # learner 0 alone writes metrics and the summary
-                run_dir, progress = _run_dir(config), None
+                run_dir, progress = _made_run_dir(config), None
             learner = plan.make_learner(channel, num_devices, writer, progress, group)
             session = LearnerSession(learner, config, run_dir, resume, group)
         else:
@@ -415,44 +460,20 @@ def run_mpi(config: ExperimentConfig, resume: bool = False) -> TrainResult:
         raise
 
     if topology.is_learner:
-        if lead:
-            session.record_start(processes, runtime_record(mpi=True))
-            save_config(config, run_dir / "config.yaml")
-        try:
-            session.install_signal_handlers()
-            learner.start()
-            while session.running:
-                learner.run_once()
-                session.after_round()
-            session.before_stop()
+
+        def stop() -> None:
             learner.request_stop()
-            try:
-                learner.finish()
-            finally:
-                session.close()  # the final checkpoint, with the run's accounting when complete
-            if not lead:
-                return TrainResult(
-                    None,
-                    learner.updates,
-                    learner.env_steps,
-                    learner.episode_return_mean,
-                    time.perf_counter() - started,
-                    learner.accounting.as_dict(),
-                    interrupted=session.interrupted,
-                )
-            return _summarize(
-                run_dir,
-                learner,
-                started,
-                describe_topology(topology, learner),
-                compile_start,
-                session.interrupted,
-                processes,
-            )
-        finally:
-            if writer is not None:
-                writer.close()
-            session.restore_signal_handlers()
+            learner.finish()
+
+        shape = _RunShape(
+            mpi=True,
+            round=learner.run_once,
+            stop=stop,
+            topology=lambda: describe_topology(topology, learner),
+            processes=processes,
+            lead=lead,
+        )
+        return _drive(config, learner, session, run_dir, writer, shape, started, compile_start)
 
     while actor.run_once():
         pass
@@ -465,43 +486,29 @@ def run_mpi(config: ExperimentConfig, resume: bool = False) -> TrainResult:
 def run_jax_backend(config: ExperimentConfig, resume: bool = False) -> TrainResult:
     """`env.backend: jax` in this one process: the envs step inside the learner's jitted update
     (`learner.anakin`); no env ranks, no transport. Same run folder, metrics and checkpoints."""
-    from agentenv_jax.learner.anakin_loop import (
-        AnakinLearner,
-        check_anakin_resumable,
-        prepare_anakin,
-    )
-    from agentenv_jax.learner.session import LearnerSession
+    from agentenv_jax.learner.anakin_loop import AnakinLearner, prepare_anakin
 
     compile_start = _start_compile_clock(config)
     config, _ = _prepare_learner(config, resume)
-    if resume:
-        check_anakin_resumable(config, _run_dir(config))
     anakin = prepare_anakin(config)
     run_dir, writer, progress = _learner_outputs(config)
     started = time.perf_counter()
-    session = None
-    try:
-        learner = AnakinLearner(config, anakin, writer, progress)
-        session = LearnerSession(learner, config, run_dir, resume)
-        session.record_start(_this_process(), runtime_record(mpi=False))
-        save_config(config, run_dir / "config.yaml")
-        session.install_signal_handlers()
-        learner.start()
-        while session.running:
-            learner.run_once()
-            session.after_round()
-        session.before_stop()
-        try:
-            learner.finish()
-        finally:
-            session.close()  # the final checkpoint, with the run's accounting
+    learner, session = _open_session(
+        lambda: AnakinLearner(config, anakin, writer, progress), config, run_dir, resume, writer
+    )
+
+    def topology() -> str:
         devices = len(learner.mesh.devices.flat)
-        topology = f"1 process, {config.env.global_num_envs} JAX envs on {devices} device(s)"
-        return _summarize(run_dir, learner, started, topology, compile_start, session.interrupted)
-    finally:
-        writer.close()
-        if session is not None:
-            session.restore_signal_handlers()
+        return f"1 process, {config.env.global_num_envs} JAX envs on {devices} device(s)"
+
+    shape = _RunShape(
+        mpi=False,
+        round=learner.run_once,
+        stop=learner.finish,
+        topology=topology,
+        processes=_this_process(),
+    )
+    return _drive(config, learner, session, run_dir, writer, shape, started, compile_start)
 
 
 def _require_one_rank_for_jax_envs() -> None:

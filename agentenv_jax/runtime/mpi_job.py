@@ -66,11 +66,11 @@ def run_mpi_job(
 ) -> Path:
     """Train `config` as an `mpiexec -n ranks` job; the run folder. `RuntimeError` with the
     job's error output when it fails."""
-    from agentenv_jax.runtime.launch import check_run_dir, with_run_name
+    from agentenv_jax.checkpoint.run_folder import check_new_run, with_run_name
 
     if ranks < 2:
         raise ConfigError(f"ranks = {ranks!r} is not allowed: expected an integer >= 2")
-    check_run_dir(config, resume=False)  # the job would refuse too, after a start-up
+    check_new_run(config, resume=False)  # the job would refuse too, after a start-up
     # Decided here, so that this process knows where the learner will write.
     config = with_run_name(config)
     run_dir = Path(config.run.run_dir) / str(config.run.name)

@@ -23,7 +23,6 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from agentenv_jax.checkpoint.run_folder import policy_params
 from agentenv_jax.config.errors import ConfigError
 from agentenv_jax.config.loading import (
     apply_overrides,
@@ -50,6 +49,8 @@ class Run:
     def params(self) -> Any:
         """The policy's parameters (host pytree) from the newest checkpoint: the actor-critic's
         for PPO and IMPALA, the actor's for SAC."""
+        from agentenv_jax.checkpoint.run_folder import policy_params
+
         return policy_params(self.run_dir, self.config)
 
     def metrics(self) -> Any:

@@ -151,6 +151,7 @@ def resume_config(run_dir: str, config_path: str | None, overrides: list[str]):
     the same run directory. Another config file would silently become the run's: refused."""
     from pathlib import Path
 
+    from agentenv_jax.checkpoint.run_folder import has_checkpoint
     from agentenv_jax.config.loading import load_config
 
     folder = Path(run_dir)
@@ -159,7 +160,7 @@ def resume_config(run_dir: str, config_path: str | None, overrides: list[str]):
             f"--resume {run_dir!r} continues with the run's own config.yaml; a config file "
             f"({config_path!r}) is not allowed with it: give changes as --set KEY=VALUE"
         )
-    if not (folder / "checkpoints").is_dir():
+    if not has_checkpoint(folder):
         raise ConfigError(
             f"--resume {run_dir!r}: not a run directory with checkpoints "
             "(expected RUN_DIR/checkpoints from an earlier run)"

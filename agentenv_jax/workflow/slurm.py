@@ -312,8 +312,8 @@ def write_sweep_job(args: Any) -> Path:
 
 def write_job(args: Any) -> Path:
     """`agentenv slurm`: the script (and, for a new run, its resolved config beside it)."""
+    from agentenv_jax.checkpoint.run_folder import check_new_run, with_run_name
     from agentenv_jax.config.loading import load_config, save_config
-    from agentenv_jax.runtime.launch import check_run_dir, with_run_name
 
     if _is_sweep_file(args.config):
         return write_sweep_job(args)
@@ -332,7 +332,7 @@ def write_job(args: Any) -> Path:
         name = run_dir.name
     else:
         config = load_config(args.config, args.overrides)
-        check_run_dir(config, resume=False)
+        check_new_run(config, resume=False)
         config = with_run_name(config)
         name = str(config.run.name)
         run_dir = (Path(config.run.run_dir) / name).resolve()

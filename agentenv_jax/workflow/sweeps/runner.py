@@ -76,9 +76,10 @@ def trial_command(spec: SweepSpec, trial: Trial, launcher: Sequence[str] = ()) -
     keeping the wall time of the session it resumes, whose summary the new one replaces), else
     starting it afresh. With `ranks` > 1 it runs under `launcher` (`srun ...` in a Slurm
     allocation), by default `mpiexec -n RANKS`."""
+    from agentenv_jax.checkpoint.run_folder import has_checkpoint
+
     folder = trial_folder(spec, trial)
-    checkpoints = folder / "checkpoints"
-    if checkpoints.is_dir() and any(p.name.isdigit() for p in checkpoints.iterdir()):
+    if has_checkpoint(folder):
         keep_newest_session(spec, trial)
         train = ["train", "--resume", str(folder)]
     else:
