@@ -374,10 +374,8 @@ class Learner:
             },
         }
         self.last_record = record
-        self.done = self.updates >= self.num_updates or (
-            self.config.run.stop_at_return is not None
-            and self._episodes.full
-            and self.episode_return_mean >= self.config.run.stop_at_return
+        self.done = self.updates >= self.num_updates or self._episodes.reached(
+            self.config.run.stop_at_return
         )
         if not self.done:
             self._broadcast()

@@ -40,6 +40,11 @@ class EpisodeWindow:
         """Whether every agent has `window` episodes."""
         return all(len(returns) == self.window for returns in self._returns)
 
+    def reached(self, target: float | None) -> bool:
+        """Whether the window is full and its mean return is at least `target` (the run's
+        `stop_at_return`; never when None)."""
+        return target is not None and self.full and self.return_mean >= target
+
     def _agent_means(self) -> list[float]:
         return [float(np.mean(returns)) for returns in self._returns if returns]
 
