@@ -1,4 +1,4 @@
-"""What README.md and docs/ promise a run refuses, or guarantees, at start-up: IMPALA and SAC
+"""What docs/ promises a run refuses, or guarantees, at start-up: IMPALA and SAC
 on multi-agent envs, `eval --video` of a multi-agent run, `run.tensorboard` without
 tensorboardX, a sweep without rliable; and that a separate value trunk gives the policy no
 value gradient, and env ranks run XLA single-threaded (`topology.single_threaded_env_ranks`)."""
@@ -97,7 +97,7 @@ def test_eval_video_of_a_multi_agent_run_is_refused(tmp_path, capsys):
 
 @pytest.mark.slow
 def test_tensorboard_without_tensorboardx_does_not_start(tmp_path):
-    """README: run.tensorboard needs tensorboardX; without it the run does not start and
+    """Docs: run.tensorboard needs tensorboardX; without it the run does not start and
     says so."""
     proc = run_command(
         _agentenv_without(
@@ -125,7 +125,7 @@ def test_tensorboard_without_tensorboardx_does_not_start(tmp_path):
 
 @pytest.mark.slow
 def test_a_sweep_without_rliable_does_not_start(tmp_path):
-    """README: a sweep's config table needs rliable ([sweep]); without it the sweep does not
+    """Docs: a sweep's config table needs rliable ([sweep]); without it the sweep does not
     start (no trial runs, no folder is claimed)."""
     sweep = tmp_path / "nostats.yaml"
     body = {
@@ -224,7 +224,7 @@ def xla_flags_cartpole(record: str) -> gym.Env:
 @pytest.mark.slow
 @pytest.mark.parametrize("single_threaded", [True, False])
 def test_env_ranks_run_xla_single_threaded(tmp_path, single_threaded):
-    """README: env ranks run XLA single-threaded (`topology.single_threaded_env_ranks`). Under
+    """Docs: env ranks run XLA single-threaded (`topology.single_threaded_env_ranks`). Under
     mpiexec -n 2 (a learner, an env rank) the env rank makes its envs with
     --xla_cpu_multi_thread_eigen=false in XLA_FLAGS before XLA starts; with the setting off,
     without it. The learner makes no env."""

@@ -1,8 +1,9 @@
 """The one typed, frozen configuration schema of an agentenv_jax experiment.
 
-Every field is documented once, here, in the comment beside it; the README's config reference is
-generated from these comments (`agentenv config-reference`). Experiment YAML files and `--set`
-overrides are validated against these dataclasses by `agentenv_jax.config.loading`.
+Every field is documented once, here, in the comment beside it; the configuration reference
+(`agentenv config-reference`, docs/configuration.md) is generated from these comments.
+Experiment YAML files and `--set` overrides are validated against these dataclasses by
+`agentenv_jax.config.loading`.
 
 Values derived from the configuration and the world size (roles, per-rank env counts) live in
 `agentenv_jax.transport.topology.Topology` and are never written back here.
