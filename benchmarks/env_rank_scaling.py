@@ -19,15 +19,13 @@ import argparse
 import json
 import statistics
 import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-from common import clean_env, find_mpiexec, provenance
+import common
 
-REPO = Path(__file__).resolve().parent.parent
-CONFIG = REPO / "experiments" / "cartpole_ppo.yaml"
+CONFIG = common.EXPERIMENTS / "cartpole_ppo.yaml"
 SIDES = {"1 process": 1, "1 env rank": 2, "2 env ranks": 3, "3 env ranks": 4}  # world sizes
 GOALS = {"2 env ranks": 1.7, "3 env ranks": 2.2}
 
@@ -50,25 +48,22 @@ def _rank_memory_mb(marker: str, world: int) -> dict[int, float]:
 
 
 def run_side(world: int, args: argparse.Namespace, run_dir: Path, name: str) -> dict:
-    command = [sys.executable, "-m", "agentenv_jax.workflow.cli", "train", str(CONFIG)]
-    if world > 1:
-        command = [find_mpiexec(), "-n", str(world), *command]
     settings = [
         "env.id=agentenv_jax.envs.slow:slow_cartpole",
         f"env.kwargs={{step_s: {args.step_ms / 1000}}}",
         "env.global_num_envs=8",
-        f"run.total_env_steps={args.steps}",
-        f"run.run_dir={run_dir}",
-        f"run.name={name}",
-        "run.progress=false",
+        *common.run_settings(run_dir, name, total_env_steps=args.steps),
     ]
-    command += [a for s in settings for a in ("--set", s)]
-    process = subprocess.Popen(command, env=clean_env(), stderr=subprocess.PIPE, text=True)
+    command = common.train_command(CONFIG, settings)
+    if world > 1:
+        command = common.under_mpiexec(world, command)
     peak: dict[int, float] = {}
-    while process.poll() is None:
-        for pid, mb in _rank_memory_mb(str(run_dir), world).items():
-            peak[pid] = max(peak.get(pid, 0.0), mb)
-        time.sleep(0.5)
+    with common.job_environment() as env:
+        process = subprocess.Popen(command, env=env, stderr=subprocess.PIPE, text=True)
+        while process.poll() is None:
+            for pid, mb in _rank_memory_mb(str(run_dir), world).items():
+                peak[pid] = max(peak.get(pid, 0.0), mb)
+            time.sleep(0.5)
     if process.returncode != 0:
         raise SystemExit(f"{name} failed:\n{process.stderr.read()[-3000:]}")
     summary = json.loads((run_dir / name / "summary.json").read_text())
@@ -82,15 +77,14 @@ def run_side(world: int, args: argparse.Namespace, run_dir: Path, name: str) -> 
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = common.make_parser(__doc__)
     parser.add_argument("--step-ms", type=float, default=1.0, help="sleep per env step (ms)")
     parser.add_argument("--steps", type=int, default=20_480, help="env steps per run")
     parser.add_argument("--repeats", type=int, default=1, help="runs per side (median)")
     args = parser.parse_args()
-    if find_mpiexec() is None:
-        raise SystemExit("mpiexec not found: install the mpich wheel (pip install mpich)")
+    common.require_mpiexec()
     print(f"PPO CartPole, env step + {args.step_ms} ms, 8 envs, {args.steps:,} env steps")
-    print(f"{provenance()}\n")
+    print(f"{common.provenance()}\n")
     results: dict[str, list[dict]] = {side: [] for side in SIDES}
     with tempfile.TemporaryDirectory(prefix="agentenv_env_rank_scaling_") as root:
         for repeat in range(args.repeats):
@@ -104,11 +98,11 @@ def main() -> None:
                 )
     base = statistics.median(r["steady"] for r in results["1 env rank"])
     one_process = statistics.median(r["steady"] for r in results["1 process"])
-    print(
-        f"\n{'side':<12} | {'steps/s':>8} | {'÷ 1 env rank':>12} | {'goal':>6} | "
+    print()
+    common.print_header(
+        f"{'side':<12} | {'steps/s':>8} | {'÷ 1 env rank':>12} | {'goal':>6} | "
         f"{'learner MB':>10} | {'env rank MB':>11}"
     )
-    print("-" * 74)
     for side, runs in results.items():
         steady = statistics.median(r["steady"] for r in runs)
         ratio = steady / base
@@ -121,6 +115,7 @@ def main() -> None:
             f"{statistics.median(r['learner_mb'] for r in runs):10.0f} | "
             f"{statistics.median(r['env_rank_mb'] for r in runs):11.0f}"
         )
+    common.save_json(args.json, results)
 
 
 if __name__ == "__main__":

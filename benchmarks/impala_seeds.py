@@ -21,17 +21,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import shutil
 import statistics
-import tempfile
 from pathlib import Path
 from typing import Any
 
-from common import provenance, run_agentenv_mpi
+import common
 
-REPO = Path(__file__).resolve().parent.parent
-DEFAULT_CONFIG = REPO / "experiments" / "cartpole_impala.yaml"
+DEFAULT_CONFIG = common.EXPERIMENTS / "cartpole_impala.yaml"
 
 
 def mean_lag(records: list[dict[str, Any]]) -> float:
@@ -49,21 +45,17 @@ def mean_lag(records: list[dict[str, Any]]) -> float:
 
 def run_seed(args: argparse.Namespace, seed: int, run_root: Path) -> dict[str, Any]:
     name = f"seed{seed}"
-    overrides = [
-        f"run.seed={seed}",
-        f"run.stop_at_return={args.threshold}",
-        f"run.total_env_steps={args.budget}",
-        f"run.run_dir={run_root}",
-        f"run.name={name}",
-        "run.progress=false",
-        f"topology.num_learner_ranks={args.learners}",
-        *args.set,
-    ]
-    job_s = run_agentenv_mpi(args.ranks, args.config, overrides, f"seed {seed}", args.timeout)
+    overrides = common.run_settings(
+        run_root, name, seed=seed, stop_at_return=args.threshold, total_env_steps=args.budget
+    )
+    overrides += [f"topology.num_learner_ranks={args.learners}", *args.set]
+    # Each learner process's JAX sees this many CPU devices.
+    devices = {"XLA_FLAGS": f"--xla_force_host_platform_device_count={args.devices}"}
+    job_s = common.run_agentenv_mpi(
+        args.ranks, args.config, overrides, f"seed {seed}", args.timeout, devices
+    )
     summary = json.loads((run_root / name / "summary.json").read_text())
-    records = [
-        json.loads(line) for line in (run_root / name / "metrics.jsonl").read_text().splitlines()
-    ]
+    records = common.read_jsonl(run_root / name / "metrics.jsonl")
     final = summary["episode_return_mean"]
     return {
         "seed": seed,
@@ -104,8 +96,9 @@ def print_report(runs: list[dict[str, Any]], args: argparse.Namespace) -> None:
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--config", type=Path, default=DEFAULT_CONFIG, help="experiment YAML")
+    parser = common.make_parser(
+        __doc__, config=DEFAULT_CONFIG, run_timeout=1800.0, keep_runs=True, overrides=True
+    )
     seeds = parser.add_mutually_exclusive_group()
     seeds.add_argument("--seeds", type=int, nargs="+", help="seeds to run")
     seeds.add_argument("--num-seeds", type=int, default=2, help="seeds 0..N-1 (default 2)")
@@ -116,29 +109,19 @@ def _parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--threshold", type=float, default=450.0, help="mean return to reach")
     parser.add_argument("--budget", type=int, default=500_000, help="env steps per seed")
-    parser.add_argument(
-        "--set", action="append", default=[], metavar="KEY=VALUE", help="more config overrides"
-    )
-    parser.add_argument("--timeout", type=float, default=1800.0, help="limit per job (s)")
-    parser.add_argument("--keep-runs", type=Path, help="keep the run folders in this folder")
-    parser.add_argument("--json", type=Path, help="also write every seed's numbers to this file")
     return parser
 
 
 def main() -> None:
     args = _parser().parse_args()
     seeds = args.seeds if args.seeds is not None else list(range(args.num_seeds))
-    # Each learner process's JAX sees this many CPU devices (the jobs inherit the variable).
-    os.environ["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={args.devices}"
     print(
         f"IMPALA over seeds {seeds}: {args.config.name}, mpiexec -n {args.ranks}, "
         f"{args.learners} learner(s) x {args.devices} host devices, overrides {args.set or 'none'}"
     )
-    print(provenance())
-    run_root = args.keep_runs or Path(tempfile.mkdtemp(prefix="agentenv_impala_seeds_"))
-    run_root.mkdir(parents=True, exist_ok=True)
+    print(common.provenance())
     runs = []
-    try:
+    with common.runs_folder(args.keep_runs, "agentenv_impala_seeds_") as run_root:
         for seed in seeds:
             run = run_seed(args, seed, run_root)
             runs.append(run)
@@ -148,12 +131,8 @@ def main() -> None:
                 f"mean lag {run['mean_lag']:.2f} (max {run['max_lag']}), job {run['job_s']:.0f} s",
                 flush=True,
             )
-    finally:
-        if args.keep_runs is None:
-            shutil.rmtree(run_root, ignore_errors=True)
     print_report(runs, args)
-    if args.json:
-        args.json.write_text(json.dumps(runs, indent=1) + "\n")
+    common.save_json(args.json, runs)
 
 
 if __name__ == "__main__":

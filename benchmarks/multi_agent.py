@@ -99,12 +99,12 @@ import time
 from pathlib import Path
 from typing import Any
 
-from common import median, provenance, run_seeds, run_worker
+import common
+from jaxmarl_ppo import jaxmarl_hyperparameters, make_jaxmarl_train
 
-REPO = Path(__file__).resolve().parent.parent
 CONFIGS = {
-    "mappo": REPO / "experiments" / "navigation_mappo.yaml",
-    "ippo": REPO / "experiments" / "navigation_ippo.yaml",
+    "mappo": common.EXPERIMENTS / "navigation_mappo.yaml",
+    "ippo": common.EXPERIMENTS / "navigation_ippo.yaml",
 }
 SIDES = ("agentenv-mappo", "jaxmarl-mappo", "agentenv-ippo", "jaxmarl-ippo")
 PAIRS = (("agentenv-mappo", "jaxmarl-mappo"), ("agentenv-ippo", "jaxmarl-ippo"))
@@ -122,28 +122,6 @@ def per_update_env_steps(config: Any) -> int:
     return config.env.global_num_envs * config.algorithm.rollout_length
 
 
-def jaxmarl_hyperparameters(config: Any) -> dict[str, Any]:
-    """The JaxMARL config (its key names) that follows an agentenv experiment's."""
-    algo, network = config.algorithm, config.network
-    return {
-        "NUM_ENVS": config.env.global_num_envs,
-        "NUM_STEPS": algo.rollout_length,
-        "UPDATE_EPOCHS": algo.num_epochs,
-        "NUM_MINIBATCHES": algo.num_minibatches,
-        "GAMMA": algo.gamma,
-        "GAE_LAMBDA": algo.gae_lambda,
-        "CLIP_EPS": algo.clip_eps,
-        "ENT_COEF": algo.ent_coef,
-        "VF_COEF": algo.vf_coef,
-        "MAX_GRAD_NORM": algo.max_grad_norm,
-        "LR": algo.learning_rate,
-        "ANNEAL_LR": algo.lr_schedule == "linear",
-        "ACTOR_HIDDEN": list(network.actor_hidden),
-        "CRITIC_HIDDEN": list(network.critic_hidden),
-        "ACTIVATION": network.activation,
-    }
-
-
 # ---------------------------------------------------------------------------------------------
 # agentenv worker
 
@@ -155,14 +133,13 @@ def agentenv_worker(args: argparse.Namespace) -> dict[str, Any]:
     from agentenv_jax.runtime.launch import train
 
     imported = time.time()
-    overrides = [
-        f"run.seed={args.seed}",
-        f"run.total_env_steps={args.env_steps * NUM_AGENTS}",  # agent steps
-        f"run.return_window={RETURN_WINDOW}",
-        f"run.run_dir={args.run_dir}",
-        f"run.name={args.side}-seed{args.seed}",
-        "run.progress=false",
-    ]
+    overrides = common.run_settings(
+        args.run_dir,
+        f"{args.side}-seed{args.seed}",
+        seed=args.seed,
+        total_env_steps=args.env_steps * NUM_AGENTS,  # agent steps
+        return_window=RETURN_WINDOW,
+    )
     config = load_config(CONFIGS[algorithm_of(args.side)], overrides)
     result = train(config)
     ended = time.time()
@@ -170,8 +147,10 @@ def agentenv_worker(args: argparse.Namespace) -> dict[str, Any]:
     # Per-update wall times count from the session's start, as `summary.wall_s` (measured as the
     # run ended, a few ms before `train` returned): anchor them at the end.
     origin = ended - summary["wall_s"] - args.launched_at
-    metrics = _jsonl(result.run_dir / "metrics.jsonl")
-    timings = {t["update"]: t["wall_s"] for t in _jsonl(result.run_dir / "timings.jsonl")}
+    metrics = common.read_jsonl(result.run_dir / "metrics.jsonl")
+    timings = {
+        t["update"]: t["wall_s"] for t in common.read_jsonl(result.run_dir / "timings.jsonl")
+    }
     curve = [  # (seconds from launch, env steps, team return) once the window is full
         (origin + timings[m["update"]], m["env_steps"] // NUM_AGENTS, m["episode_return_mean"])
         for m in metrics
@@ -192,223 +171,7 @@ def agentenv_worker(args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
-def _jsonl(path: Path) -> list[dict[str, Any]]:
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-
-
-# ---------------------------------------------------------------------------------------------
-# JaxMARL worker: IPPO (ippo_ff_mpe.py) and feed-forward MAPPO (mappo_ff_hanabi.py with
-# mappo_rnn_mpe.py's world state), re-implemented (module docstring).
-
-
-def make_jaxmarl_train(config: dict[str, Any], centralised: bool, record: Any) -> Any:
-    """JaxMARL's `make_train(config)`: the env, the number of updates and `train(key)`, the
-    whole run as one function to jit. After each update `record(update, team_returns [T, E],
-    finished [T, E], logged)` is called on the host."""
-    import flax.linen as nn
-    import jax
-    import jax.numpy as jnp
-    import jaxmarl
-    import numpy as np
-    import optax
-    from flax.linen.initializers import constant, orthogonal
-    from flax.training.train_state import TrainState
-    from jaxmarl.wrappers.baselines import MPELogWrapper
-
-    env = jaxmarl.make(config["ENV_NAME"])
-    agents, num_agents = env.agents, env.num_agents
-    num_envs, num_steps = config["NUM_ENVS"], config["NUM_STEPS"]
-    num_actors = num_agents * num_envs
-    num_updates = config["TOTAL_TIMESTEPS"] // num_steps // num_envs
-    num_minibatches, epochs = config["NUM_MINIBATCHES"], config["UPDATE_EPOCHS"]
-    obs_size = env.observation_space(agents[0]).shape[0]
-    num_actions = env.action_space(agents[0]).n
-    env = MPELogWrapper(env)
-    activation = nn.relu if config["ACTIVATION"] == "relu" else nn.tanh
-
-    class Mlp(nn.Module):
-        hidden: tuple[int, ...]
-        outputs: int
-        output_scale: float
-
-        @nn.compact
-        def __call__(self, x: jax.Array) -> jax.Array:
-            for width in self.hidden:
-                x = nn.Dense(width, kernel_init=orthogonal(np.sqrt(2)), bias_init=constant(0.0))(x)
-                x = activation(x)
-            return nn.Dense(
-                self.outputs, kernel_init=orthogonal(self.output_scale), bias_init=constant(0.0)
-            )(x)
-
-    actor = Mlp(tuple(config["ACTOR_HIDDEN"]), num_actions, 0.01)
-    critic = Mlp(tuple(config["CRITIC_HIDDEN"]), 1, 1.0)
-    critic_size = num_agents * obs_size if centralised else obs_size
-
-    def learning_rate(count: jax.Array) -> jax.Array:
-        frac = 1.0 - (count // (num_minibatches * epochs)) / num_updates
-        return config["LR"] * frac
-
-    def optimizer() -> optax.GradientTransformation:
-        lr = learning_rate if config["ANNEAL_LR"] else config["LR"]
-        return optax.chain(
-            optax.clip_by_global_norm(config["MAX_GRAD_NORM"]), optax.adam(lr, eps=1e-5)
-        )
-
-    # IPPO: one module, one Adam over actor and critic. MAPPO: an Adam (and a norm clip) each;
-    # the summed loss then gives each network the gradient of its own loss, as their two
-    # `value_and_grad` calls do.
-    labels = {"actor": "actor", "critic": "critic"}
-    tx = (
-        optax.multi_transform({"actor": optimizer(), "critic": optimizer()}, labels)
-        if centralised
-        else optimizer()
-    )
-
-    def batchify(per_agent: dict[str, jax.Array]) -> jax.Array:
-        """`{agent: [E, ...]}` to `[N * E, ...]`, agent-major (JaxMARL's `batchify`)."""
-        return jnp.stack([per_agent[a] for a in agents]).reshape((num_actors, -1))
-
-    def critic_input(obs: dict[str, jax.Array], obs_batch: jax.Array) -> jax.Array:
-        if not centralised:
-            return obs_batch
-        # mappo_rnn_mpe's world state: every agent's observation joined, for every agent.
-        joined = jnp.concatenate([obs[a] for a in agents], axis=-1)
-        return jnp.tile(joined[None], (num_agents, 1, 1)).reshape((num_actors, -1))
-
-    def policy_value(params: Any, obs: jax.Array, state: jax.Array):
-        logits = actor.apply(params["actor"], obs)
-        return jax.nn.log_softmax(logits), critic.apply(params["critic"], state)[..., 0]
-
-    def train(key: jax.Array) -> Any:
-        key, actor_key, critic_key, reset_key = jax.random.split(key, 4)
-        params = {
-            "actor": actor.init(actor_key, jnp.zeros(obs_size)),
-            "critic": critic.init(critic_key, jnp.zeros(critic_size)),
-        }
-        train_state = TrainState.create(apply_fn=None, params=params, tx=tx)
-        obs, env_state = jax.vmap(env.reset)(jax.random.split(reset_key, num_envs))
-
-        def env_step(carry, _):
-            train_state, env_state, obs, key = carry
-            key, action_key, step_key = jax.random.split(key, 3)
-            obs_batch = batchify(obs)
-            state_batch = critic_input(obs, obs_batch)
-            log_probs, value = policy_value(train_state.params, obs_batch, state_batch)
-            action = jax.random.categorical(action_key, log_probs)
-            log_prob = jnp.take_along_axis(log_probs, action[:, None], -1)[:, 0]
-            actions = {a: action.reshape(num_agents, num_envs)[i] for i, a in enumerate(agents)}
-            step_keys = jax.random.split(step_key, num_envs)
-            obs, env_state, reward, done, info = jax.vmap(env.step)(step_keys, env_state, actions)
-            transition = {
-                "done": batchify(done)[:, 0].astype(jnp.float32),
-                "action": action,
-                "value": value,
-                "reward": batchify(reward)[:, 0],
-                "log_prob": log_prob,
-                "obs": obs_batch,
-                "state": state_batch,
-                "info": info,  # [E, N] each
-            }
-            return (train_state, env_state, obs, key), transition
-
-        def gae(batch: dict[str, jax.Array], last_value: jax.Array):
-            def backward(carry, t):
-                advantage, next_value = carry
-                not_done = 1.0 - t["done"]
-                delta = t["reward"] + config["GAMMA"] * next_value * not_done - t["value"]
-                advantage = delta + config["GAMMA"] * config["GAE_LAMBDA"] * not_done * advantage
-                return (advantage, t["value"]), advantage
-
-            steps = {k: batch[k] for k in ("done", "reward", "value")}
-            init = (jnp.zeros_like(last_value), last_value)
-            # Their unroll: 8 in ippo_ff_mpe, 16 in the MAPPO scripts.
-            unroll = 16 if centralised else 8
-            _, advantages = jax.lax.scan(backward, init, steps, reverse=True, unroll=unroll)
-            return advantages, advantages + batch["value"]
-
-        def loss_fn(params: Any, mb: dict[str, jax.Array]):
-            log_probs, value = policy_value(params, mb["obs"], mb["state"])
-            clip = config["CLIP_EPS"]
-            clipped_value = mb["value"] + jnp.clip(value - mb["value"], -clip, clip)
-            value_loss = (
-                0.5
-                * jnp.maximum(
-                    jnp.square(value - mb["target"]), jnp.square(clipped_value - mb["target"])
-                ).mean()
-            )
-            log_prob = jnp.take_along_axis(log_probs, mb["action"][..., None], -1)[..., 0]
-            ratio = jnp.exp(log_prob - mb["log_prob"])
-            adv = (mb["advantage"] - mb["advantage"].mean()) / (mb["advantage"].std() + 1e-8)
-            surrogate = jnp.minimum(ratio * adv, jnp.clip(ratio, 1.0 - clip, 1.0 + clip) * adv)
-            entropy = -(jnp.exp(log_probs) * log_probs).sum(-1).mean()
-            return -surrogate.mean() + config["VF_COEF"] * value_loss - config["ENT_COEF"] * entropy
-
-        def minibatches(batch: dict[str, jax.Array], key: jax.Array) -> dict[str, jax.Array]:
-            if centralised:  # mappo_*: shuffle actors, keep each actor's rollout row whole
-                order = jax.random.permutation(key, num_actors)
-                return jax.tree.map(
-                    lambda x: jnp.swapaxes(
-                        jnp.take(x, order, axis=1).reshape(
-                            (num_steps, num_minibatches, -1) + x.shape[2:]
-                        ),
-                        0,
-                        1,
-                    ),
-                    batch,
-                )
-            # ippo_ff_mpe: shuffle every transition
-            size = num_steps * num_actors
-            order = jax.random.permutation(key, size)
-            return jax.tree.map(
-                lambda x: jnp.take(x.reshape((size,) + x.shape[2:]), order, axis=0).reshape(
-                    (num_minibatches, -1) + x.shape[2:]
-                ),
-                batch,
-            )
-
-        def update(carry, update_index):
-            carry, rollout = jax.lax.scan(env_step, carry, None, num_steps)
-            train_state, env_state, obs, key = carry
-            obs_batch = batchify(obs)
-            _, last_value = policy_value(
-                train_state.params, obs_batch, critic_input(obs, obs_batch)
-            )
-            advantages, targets = gae(rollout, last_value)
-            batch = {k: rollout[k] for k in ("action", "value", "log_prob", "obs", "state")}
-            batch |= {"advantage": advantages, "target": targets}
-
-            def epoch(carry, _):
-                train_state, key = carry
-                key, shuffle_key = jax.random.split(key)
-
-                def step(train_state, mb):
-                    grads = jax.grad(loss_fn)(train_state.params, mb)
-                    return train_state.apply_gradients(grads=grads), None
-
-                train_state, _ = jax.lax.scan(step, train_state, minibatches(batch, shuffle_key))
-                return (train_state, key), None
-
-            (train_state, key), _ = jax.lax.scan(epoch, (train_state, key), None, epochs)
-            info = rollout["info"]
-            returns = info["returned_episode_returns"]  # [T, E, N]: agent return x N
-            # What each baseline logs: IPPO the mean over the rollout, MAPPO over its last step.
-            logged = returns[-1].mean() if centralised else returns.mean()
-            jax.experimental.io_callback(
-                record,
-                None,
-                update_index,
-                returns.mean(-1),  # team return of each env's last finished episode
-                info["returned_episode"][..., 0],
-                logged,
-                ordered=True,
-            )
-            return (train_state, env_state, obs, key), None
-
-        carry = (train_state, env_state, obs, key)
-        carry, _ = jax.lax.scan(update, carry, jnp.arange(num_updates))
-        return carry[0].params
-
-    return train, num_updates
+# JaxMARL worker: IPPO and feed-forward MAPPO as `jaxmarl_ppo.py` re-implements them.
 
 
 def jaxmarl_worker(args: argparse.Namespace) -> dict[str, Any]:
@@ -504,13 +267,14 @@ def print_report(
         "(compile s) | seconds from launch to the seed's target"
     )
     print("targets: " + ", ".join(f"seed {s} {t:.1f}" for s, t in targets.items()))
-    header = f"{'side':<15}" + "".join(
-        f" | {'seed ' + str(s) + ': return (logged)':>24} {'end s':>7} {'(comp)':>7} "
-        f"{'target s':>8}"
-        for s in seeds
+    common.print_header(
+        f"{'side':<15}"
+        + "".join(
+            f" | {'seed ' + str(s) + ': return (logged)':>24} {'end s':>7} {'(comp)':>7} "
+            f"{'target s':>8}"
+            for s in seeds
+        )
     )
-    print(header)
-    print("-" * len(header))
     for side, side_runs in runs.items():
         cells = "".join(
             f" | {r['return']:>15.1f} ({r['logged_return']:>6.1f}) {r['wall_s']:>7.1f} "
@@ -528,23 +292,22 @@ def print_report(
         f"medians over {len(seeds)} seed(s); env steps/s: the budget ÷ end s; env steps: to the "
         "target; ratios agentenv ÷ JaxMARL for the same algorithm (< 1: agentenv faster)"
     )
-    print(header)
-    print("-" * len(header))
+    common.print_header(header)
     reference = {agentenv: jaxmarl for agentenv, jaxmarl in PAIRS}
     for side, side_runs in runs.items():
-        end = median([r["wall_s"] for r in side_runs])
-        target = median([r["target_s"] for r in side_runs])
+        end = common.median([r["wall_s"] for r in side_runs])
+        target = common.median([r["target_s"] for r in side_runs])
         line = (
-            f"{side:<15} | {median([r['return'] for r in side_runs]):>11.1f} | {end:>7.1f} "
-            f"{median([r['compile_s'] for r in side_runs]):>9.1f} "
-            f"{median([r['env_steps'] / r['wall_s'] for r in side_runs]):>11,.0f} | "
+            f"{side:<15} | {common.median([r['return'] for r in side_runs]):>11.1f} | {end:>7.1f} "
+            f"{common.median([r['compile_s'] for r in side_runs]):>9.1f} "
+            f"{common.median([r['env_steps'] / r['wall_s'] for r in side_runs]):>11,.0f} | "
             f"{_seconds(target, '8.1f'):>8} "
-            f"{_seconds(median([r['target_env_steps'] for r in side_runs]), ',.0f'):>9} |"
+            f"{_seconds(common.median([r['target_env_steps'] for r in side_runs]), ',.0f'):>9} |"
         )
         other = reference.get(side)
         if other in runs:
-            other_end = median([r["wall_s"] for r in runs[other]])
-            other_target = median([r["target_s"] for r in runs[other]])
+            other_end = common.median([r["wall_s"] for r in runs[other]])
+            other_target = common.median([r["target_s"] for r in runs[other]])
             target_ratio = (
                 "--"
                 if math.isinf(target) or math.isinf(other_target)
@@ -555,12 +318,14 @@ def print_report(
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        description=__doc__.split("\n")[0],
+    parser = common.make_parser(
+        __doc__,
+        seeds=[0],
+        run_timeout=1800.0,
+        keep_runs=True,
         epilog="Details (what is measured, what differs between the sides): the module "
         "docstring of benchmarks/multi_agent.py.",
     )
-    parser.add_argument("--seeds", type=int, nargs="+", default=[0], help="seeds to run")
     parser.add_argument(
         "--sides",
         nargs="+",
@@ -575,15 +340,9 @@ def _parser() -> argparse.ArgumentParser:
         help="budget per side in env steps (agentenv: 3x as many agent steps), rounded up to "
         "whole updates (envs x rollout length)",
     )
-    parser.add_argument("--timeout", type=float, default=1800.0, help="limit per run (s)")
-    parser.add_argument("--keep-runs", type=Path, help="keep agentenv run dirs in this folder")
-    parser.add_argument("--json", type=Path, help="also write every run's numbers to this file")
-    parser.add_argument("--worker", choices=["agentenv", "jaxmarl"], help=argparse.SUPPRESS)
+    common.add_worker_arguments(parser, ["agentenv", "jaxmarl"])
     parser.add_argument("--side", choices=SIDES, help=argparse.SUPPRESS)
-    parser.add_argument("--seed", type=int, default=0, help=argparse.SUPPRESS)
-    parser.add_argument("--run-dir", type=Path, help=argparse.SUPPRESS)
     parser.add_argument("--hyperparameters", help=argparse.SUPPRESS)
-    parser.add_argument("--launched-at", type=float, help=argparse.SUPPRESS)
     return parser
 
 
@@ -607,7 +366,7 @@ def main() -> None:
         raise SystemExit(f"--env-steps must be at least {least:,}: {RETURN_WINDOW} episodes")
     sides = [side for side in SIDES if side in args.sides]
     print("MAPPO and IPPO on MPE simple_spread (3 agents, discrete): agentenv_jax vs JaxMARL")
-    print(provenance("jaxmarl", "distrax", "mpe2", "pettingzoo"))
+    print(common.provenance("jaxmarl", "distrax", "mpe2", "pettingzoo"))
     print(
         f"budget {env_steps:,} env steps per side ({env_steps * NUM_AGENTS:,} agent steps in "
         f"agentenv's counters), {env_steps // per_update_steps:,} updates of {per_update_steps} "
@@ -621,7 +380,9 @@ def main() -> None:
         if side.startswith("jaxmarl"):
             hyperparameters = jaxmarl_hyperparameters(configs[algorithm_of(side)])
             worker_args += ["--hyperparameters", json.dumps(hyperparameters)]
-        return run_worker(__file__, worker_args, RESULT_PREFIX, f"{side} seed {seed}", args.timeout)
+        return common.run_worker(
+            __file__, worker_args, RESULT_PREFIX, f"{side} seed {seed}", args.timeout
+        )
 
     def describe(side: str, run: dict[str, Any]) -> str:
         return (
@@ -629,15 +390,15 @@ def main() -> None:
             f"in {run['wall_s']:6.1f} s (compile {run['compile_s']:.1f} s)"
         )
 
-    runs = run_seeds(sides, args.seeds, run_side, describe, args.keep_runs, "agentenv_multi_agent_")
+    with common.runs_folder(args.keep_runs, "agentenv_multi_agent_") as run_root:
+        runs = common.run_seeds(sides, args.seeds, run_side, describe, run_root)
     jaxmarl_runs = [r for side in sides if side.startswith("jaxmarl") for r in runs[side]]
     if jaxmarl_runs:
         print(f"  jaxmarl {jaxmarl_runs[0]['jaxmarl_version']}, env {JAXMARL_ENV}")
     targets = add_targets(runs, args.seeds)
     print()
     print_report(runs, args.seeds, targets)
-    if args.json:
-        args.json.write_text(json.dumps(runs, indent=1) + "\n")
+    common.save_json(args.json, runs)
 
 
 if __name__ == "__main__":

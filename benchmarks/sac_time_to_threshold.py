@@ -41,19 +41,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from common import (
-    format_solved,
-    median,
-    provenance,
-    run_agentenv_mpi,
-    run_seeds,
-    run_worker,
-    steps_to_solve,
-    time_to_solve,
-)
+import common
 
-REPO = Path(__file__).resolve().parent.parent
-DEFAULT_CONFIG = REPO / "experiments" / "pendulum_sac.yaml"
+DEFAULT_CONFIG = common.EXPERIMENTS / "pendulum_sac.yaml"
 TARGET_RETURN = -300.0
 RETURN_WINDOW = 20
 RESULT_PREFIX = "SAC_TIME_TO_THRESHOLD_RESULT "
@@ -65,14 +55,9 @@ LABELS = {
 
 
 def overrides(args: argparse.Namespace, seed: int, run_dir: Path, name: str) -> list[str]:
+    solve = {"stop_at_return": TARGET_RETURN, "return_window": RETURN_WINDOW}
     return [
-        f"run.seed={seed}",
-        f"run.stop_at_return={TARGET_RETURN}",
-        f"run.return_window={RETURN_WINDOW}",
-        f"run.total_env_steps={args.max_steps}",
-        f"run.run_dir={run_dir}",
-        f"run.name={name}",
-        "run.progress=false",
+        *common.run_settings(run_dir, name, seed=seed, **solve, total_env_steps=args.max_steps),
         *args.set,
     ]
 
@@ -122,14 +107,14 @@ def one_process_worker(args: argparse.Namespace) -> dict[str, Any]:
 def run_one_process(args: argparse.Namespace, seed: int, run_dir: Path) -> dict[str, Any]:
     worker_args = ["--seed", str(seed), "--config", str(args.config)]
     worker_args += ["--max-steps", str(args.max_steps), "--run-dir", str(run_dir)]
-    return run_worker(
+    return common.run_worker(
         __file__, worker_args, RESULT_PREFIX, f"one-process seed {seed}", args.timeout
     )
 
 
 def run_mpi(args: argparse.Namespace, seed: int, run_dir: Path) -> dict[str, Any]:
     name = f"mpi-seed{seed}"
-    job_s = run_agentenv_mpi(
+    job_s = common.run_agentenv_mpi(
         args.mpi_ranks,
         args.config,
         overrides(args, seed, run_dir, name),
@@ -141,13 +126,11 @@ def run_mpi(args: argparse.Namespace, seed: int, run_dir: Path) -> dict[str, Any
 
 def print_report(runs: dict[str, list[dict[str, Any]]], seeds: list[int]) -> None:
     print(f"per seed: seconds / env steps to a mean return >= {TARGET_RETURN:g} (last 20 episodes)")
-    header = f"{'side':<34}" + "".join(f" | {'seed ' + str(s):>19}" for s in seeds)
-    print(header)
-    print("-" * len(header))
+    common.print_header(f"{'side':<34}" + "".join(f" | {'seed ' + str(s):>19}" for s in seeds))
     for side, side_runs in runs.items():
         cells = "".join(
-            f" | {format_solved(time_to_solve(r), '8.1f'):>8} "
-            f"{format_solved(steps_to_solve(r), ',.0f'):>10}"
+            f" | {common.format_solved(common.time_to_solve(r), '8.1f'):>8} "
+            f"{common.format_solved(common.steps_to_solve(r), ',.0f'):>10}"
             for r in side_runs
         )
         print(f"{LABELS[side]:<34}{cells}")
@@ -169,26 +152,21 @@ def print_report(runs: dict[str, list[dict[str, Any]]], seeds: list[int]) -> Non
         )
 
     print()
-    header = (
+    common.print_header(
         f"{'side':<34} | {'solved':>6} | {'median s':>8} {'median steps':>12} | "
         f"{'ms/step':>7} | {'time ratio':>10} {'steps ratio':>11} {'ms/step ratio':>13}"
     )
-    print(header)
-    print("-" * len(header))
     medians = {
         side: (
-            median([time_to_solve(r) for r in rs]),
-            median([steps_to_solve(r) for r in rs]),
-            median([1e3 * r["wall_s"] / max(r["env_steps"], 1) for r in rs]),
+            *common.solve_medians(rs),
+            common.median([1e3 * r["wall_s"] / max(r["env_steps"], 1) for r in rs]),
         )
         for side, rs in runs.items()
     }
     for side, side_runs in runs.items():
         med_time, med_steps, per_step = medians[side]
-        solved = sum(r["solved"] for r in side_runs)
         line = (
-            f"{LABELS[side]:<34} | {solved:>2}/{len(side_runs):<3} | "
-            f"{format_solved(med_time, '8.1f'):>8} {format_solved(med_steps, ',.0f'):>12} | "
+            f"{LABELS[side]:<34} | {common.solved_cells(side_runs, med_time, med_steps)} "
             f"{per_step:>7.2f} |"
         )
         if side == "mpi" and "one-process" in medians:
@@ -205,28 +183,21 @@ def print_report(runs: dict[str, list[dict[str, Any]]], seeds: list[int]) -> Non
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--seeds", type=int, nargs="+", default=[0], help="seeds to run")
+    parser = common.make_parser(
+        __doc__,
+        config=DEFAULT_CONFIG,
+        config_help="SAC experiment YAML",
+        seeds=[0],
+        run_timeout=900.0,
+        keep_runs=True,
+        overrides=True,
+    )
     parser.add_argument("--sides", nargs="+", choices=SIDES, default=list(SIDES))
-    parser.add_argument("--config", type=Path, default=DEFAULT_CONFIG, help="SAC experiment YAML")
     parser.add_argument(
         "--max-steps", type=int, default=30_000, help="env-step budget (caps an unsolved run)"
     )
     parser.add_argument("--mpi-ranks", type=int, default=3, help="ranks of the MPI side")
-    parser.add_argument(
-        "--set",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="extra config override for both sides (repeatable)",
-    )
-    parser.add_argument("--timeout", type=float, default=900.0, help="limit per run (s)")
-    parser.add_argument("--keep-runs", type=Path, help="keep the run dirs in this folder")
-    parser.add_argument("--json", type=Path, help="also write every run's numbers to this file")
-    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
-    parser.add_argument("--seed", type=int, default=0, help=argparse.SUPPRESS)
-    parser.add_argument("--run-dir", type=Path, help=argparse.SUPPRESS)
-    parser.add_argument("--launched-at", type=float, help=argparse.SUPPRESS)
+    common.add_worker_arguments(parser)
     return parser
 
 
@@ -240,7 +211,7 @@ def main() -> None:
         f"SAC Pendulum-v1 time to a mean return >= {TARGET_RETURN:g} (last {RETURN_WINDOW} "
         f"episodes), {args.config.name}"
     )
-    print(f"{provenance()}\nbudget {args.max_steps:,} env steps\n", flush=True)
+    print(f"{common.provenance()}\nbudget {args.max_steps:,} env steps\n", flush=True)
 
     def run_side(side: str, seed: int, run_root: Path) -> dict[str, Any]:
         if side == "mpi":
@@ -256,13 +227,11 @@ def main() -> None:
         )
 
     sides = [side for side in SIDES if side in args.sides]
-    runs = run_seeds(
-        sides, args.seeds, run_side, describe, args.keep_runs, "agentenv_sac_threshold_"
-    )
+    with common.runs_folder(args.keep_runs, "agentenv_sac_threshold_") as run_root:
+        runs = common.run_seeds(sides, args.seeds, run_side, describe, run_root)
     print()
     print_report(runs, args.seeds)
-    if args.json:
-        args.json.write_text(json.dumps(runs, indent=1) + "\n")
+    common.save_json(args.json, runs)
 
 
 if __name__ == "__main__":

@@ -12,14 +12,13 @@ A sweep that already ran is resumed, not redone.
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import sys
 from pathlib import Path
 
+import common
 import gymnasium as gym
 import numpy as np
-from common import provenance
 
 from agentenv_jax.config.experiments import shipped_sweeps
 from agentenv_jax.config.loading import load_config
@@ -50,12 +49,12 @@ def random_policy_return(env_id: str, episodes: int = RANDOM_EPISODES) -> float:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = common.make_parser(__doc__)
     parser.add_argument("--tasks", nargs="+", choices=TASKS, default=TASKS)
     parser.add_argument("--run-dir", default="runs/suite", help="parent of the sweep folders")
     args = parser.parse_args()
 
-    print(provenance("mujoco", "minatar", "rliable"), flush=True)
+    print(common.provenance("mujoco", "minatar", "rliable"), flush=True)
     rows = []
     for task in args.tasks:
         spec = dataclasses.replace(read_sweep(f"suite_{task}"), run_dir=args.run_dir)
@@ -86,6 +85,7 @@ def main() -> int:
     for row in rows:
         print("| " + " | ".join(row[c] for c in columns) + " |")
     print(f"\n(sweep folders under {Path(args.run_dir).resolve()})")
+    common.save_json(args.json, rows)
     return 0
 
 

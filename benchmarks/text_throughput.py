@@ -60,20 +60,14 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
-import subprocess
-import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
-from common import clean_env, find_mpiexec, median, provenance, run_worker
+import common
+from generation_timing import generation_worker, print_generation
 
-from agentenv_jax.metrics.compilation import CACHE_DIR_VARIABLE
-
-REPO = Path(__file__).resolve().parent.parent
-EXPERIMENTS = ("arithmetic_ppo", "guess_number_ppo")
+TEXT_EXPERIMENTS = ("arithmetic_ppo", "guess_number_ppo")
 INFERENCE = ("env_ranks", "learner")  # topology.inference; "learner" is central inference
 RESULT_PREFIX = "TEXT_THROUGHPUT "
 MULTI_TURN = ("guess_number_ppo",)
@@ -92,16 +86,12 @@ def _side_name(env_ranks: int) -> str:
     return "1 process" if env_ranks == 0 else f"1+{env_ranks} (-n {env_ranks + 1})"
 
 
-def _read_jsonl(path: Path) -> list[dict[str, Any]]:
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-
-
 def steady_rates(run_dir: Path, k0: int) -> dict[str, float]:
     """Tokens generated and trained per second from the end of update `k0` to the end of the
     last: `metrics.jsonl`'s cumulative counts over `timings.jsonl`'s `wall_s`, joined on
     `update`."""
-    metrics = {r["update"]: r for r in _read_jsonl(run_dir / "metrics.jsonl")}
-    walls = {r["update"]: r["wall_s"] for r in _read_jsonl(run_dir / "timings.jsonl")}
+    metrics = {r["update"]: r for r in common.read_jsonl(run_dir / "metrics.jsonl")}
+    walls = {r["update"]: r["wall_s"] for r in common.read_jsonl(run_dir / "timings.jsonl")}
     last = max(metrics)
     if k0 >= last:
         raise SystemExit(f"--k0 {k0} leaves no steady window in {last} updates")
@@ -111,7 +101,7 @@ def steady_rates(run_dir: Path, k0: int) -> dict[str, float]:
     durations = [walls[k] - walls[k - 1] for k in range(k0 + 1, last + 1)]
     return {
         "steady_s": seconds,
-        "median_update_s": median(durations),
+        "median_update_s": common.median(durations),
         "steady_generated_per_s": (
             metrics[last]["tokens_generated"] - metrics[k0]["tokens_generated"]
         )
@@ -126,27 +116,15 @@ def steady_rates(run_dir: Path, k0: int) -> dict[str, float]:
 def train_job(world: int, config: Path, settings: list[str], name: str, args) -> dict[str, Any]:
     """One training job of `world` processes (1: no mpiexec), clocked from just before its
     launch to its exit, with an empty compilation cache of its own; its rates."""
-    command = [sys.executable, "-m", "agentenv_jax.workflow.cli", "train", str(config)]
+    command = common.train_command(config, [*settings, *common.run_settings(args.run_root, name)])
     if world > 1:
-        command = [find_mpiexec(), "-n", str(world), *command]
-    settings = [*settings, f"run.run_dir={args.run_root}", f"run.name={name}"]
-    command += [a for s in [*settings, "run.progress=false"] for a in ("--set", s)]
-    env = clean_env()
+        command = common.under_mpiexec(world, command)
     load_before = os.getloadavg()[0]
     launched_at = time.time()
-    started = time.perf_counter()
-    try:
-        done = subprocess.run(
-            command, capture_output=True, text=True, env=env, timeout=args.job_timeout
-        )
-    finally:
-        shutil.rmtree(env[CACHE_DIR_VARIABLE], ignore_errors=True)
-    job_s = time.perf_counter() - started
-    if done.returncode != 0:
-        raise SystemExit(f"{name} failed (exit {done.returncode}):\n{done.stderr[-4000:]}")
+    _, job_s = common.run_job(command, name, args.job_timeout)
     run_dir = args.run_root / name
     summary = json.loads((run_dir / "summary.json").read_text())
-    events = _read_jsonl(run_dir / "events.jsonl")
+    events = common.read_jsonl(run_dir / "events.jsonl")
     session_start = next(e["time"] for e in events if e.get("event") == "start")
     tokens = summary["token_accounting"]
     central = summary.get("central_inference") or {}
@@ -180,7 +158,7 @@ def settings_for(experiment: str, response_length: int | None, args) -> tuple[li
             f"env.kwargs.response_length={response_length}",
             f"env.kwargs.context_length={context}",
         ]
-    config = load_config(REPO / "experiments" / f"{experiment}.yaml", overrides)
+    config = load_config(common.EXPERIMENTS / f"{experiment}.yaml", overrides)
     per_update = config.algorithm.rollout_length * config.env.global_num_envs
     kwargs = config.env.kwargs
     title = (
@@ -195,7 +173,7 @@ def run_setting(experiment: str, response_length: int | None, args, turn: int) -
     """Every topology of one setting, both inference places back to back (which goes first
     alternates with `turn`); the runs by topology and place."""
     settings, _ = settings_for(experiment, response_length, args)
-    config = REPO / "experiments" / f"{experiment}.yaml"
+    config = common.EXPERIMENTS / f"{experiment}.yaml"
     results: dict[str, dict[str, dict]] = {}
     for env_ranks in args.env_ranks:
         order = INFERENCE if turn % 2 == 0 else INFERENCE[::-1]
@@ -239,8 +217,7 @@ def print_setting(title: str, results: dict[str, dict[str, dict]]) -> None:
         f"{'job trn/s':>9} | {'steady gen/s':>12} | {'steady trn/s':>12} | {'upd s':>5} | "
         f"{'rows':>4} | {'load':>9}"
     )
-    print(header)
-    print("-" * len(header))
+    common.print_header(header)
     for side, places in results.items():
         for place, r in places.items():
             print(
@@ -260,96 +237,11 @@ def print_setting(title: str, results: dict[str, dict[str, dict]]) -> None:
         print(f"  {side:<10} {ratios}; median update (inverse) {update:.2f}")
 
 
-def generation_worker(args: argparse.Namespace) -> None:
-    """In its own process: seconds per jitted `generate` call, cached and uncached, at each
-    batch size; prints one JSON result."""
-    import jax
-    import numpy as np
-
-    from agentenv_jax.envs.text.tokenizer import ByteTokenizer
-    from agentenv_jax.networks.generation import generate
-    from agentenv_jax.networks.language_model import language_model_spec, make_language_model
-
-    tokenizer = ByteTokenizer()
-    context_length, response_length = args.gen_context, args.gen_response
-    lm = make_language_model(
-        language_model_spec(
-            "tiny", tokenizer.vocab_size, max_length=context_length + response_length
-        )
-    )
-    params = jax.device_put(lm.init(jax.random.PRNGKey(0)))
-
-    def jitted(use_cache: bool):
-        def call(params, context, key):
-            return generate(
-                lm,
-                params,
-                context,
-                key,
-                response_length=response_length,
-                pad_id=tokenizer.pad_id,
-                eos_id=tokenizer.eos_id,
-                use_cache=use_cache,
-            )
-
-        return jax.jit(call)
-
-    calls = {"cached": jitted(True), "uncached": jitted(False)}
-    rng = np.random.default_rng(0)
-    rows = []
-    for batch in args.gen_batches:
-        # Byte tokens (never PAD, BOS or EOS): every row a full context.
-        context = jax.device_put(rng.integers(0, 256, (batch, context_length)).astype(np.int32))
-        seconds: dict[str, list[float]] = {side: [] for side in calls}
-        compile_s = {}
-        for side, call in calls.items():
-            tick = time.perf_counter()
-            jax.block_until_ready(call(params, context, jax.random.PRNGKey(1)))
-            compile_s[side] = time.perf_counter() - tick
-        for repeat in range(args.gen_repeats):
-            order = list(calls) if repeat % 2 == 0 else list(calls)[::-1]
-            for side in order:
-                key = jax.random.PRNGKey(2 + repeat)
-                tick = time.perf_counter()
-                jax.block_until_ready(calls[side](params, context, key))
-                seconds[side].append(time.perf_counter() - tick)
-        call_s = {side: median(values) for side, values in seconds.items()}
-        rows.append(
-            {
-                "batch": batch,
-                "call_s": call_s,
-                "first_call_s": compile_s,
-                "tokens_per_s": {s: batch * response_length / t for s, t in call_s.items()},
-            }
-        )
-    result = {"context": context_length, "response": response_length, "rows": rows}
-    print(RESULT_PREFIX + json.dumps(result), flush=True)
-
-
-def print_generation(result: dict[str, Any]) -> None:
-    print(
-        f"\ngeneration alone: tiny model, jitted generate, context {result['context']}, "
-        f"response {result['response']} (median of the calls after the first)"
-    )
-    header = (
-        f"{'batch':>5} | {'cached ms':>9} | {'uncached ms':>11} | {'cached tok/s':>12} | "
-        f"{'uncached tok/s':>14} | {'cached ÷ uncached':>17} | {'first calls s':>13}"
-    )
-    print(header)
-    print("-" * len(header))
-    for row in result["rows"]:
-        call_s, rate = row["call_s"], row["tokens_per_s"]
-        print(
-            f"{row['batch']:5} | {1000 * call_s['cached']:9.2f} | "
-            f"{1000 * call_s['uncached']:11.2f} | {rate['cached']:12,.0f} | "
-            f"{rate['uncached']:14,.0f} | {rate['cached'] / rate['uncached']:17.2f} | "
-            f"{row['first_call_s']['cached']:5.1f}, {row['first_call_s']['uncached']:5.1f}"
-        )
-
-
 def parse_args() -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--experiments", nargs="+", default=list(EXPERIMENTS), choices=EXPERIMENTS)
+    parser = common.make_parser(__doc__, keep_runs=True)
+    parser.add_argument(
+        "--experiments", nargs="+", default=list(TEXT_EXPERIMENTS), choices=TEXT_EXPERIMENTS
+    )
     parser.add_argument("--updates", type=int, default=30, help="updates per training run")
     parser.add_argument("--k0", type=int, default=5, help="steady clock from the end of update")
     parser.add_argument(
@@ -379,10 +271,7 @@ def parse_args() -> argparse.Namespace:
         help="smoke run (< 1 min): arithmetic, its own response, 1 process and 1+2, 3 updates",
     )
     parser.add_argument("--job-timeout", type=float, default=600.0, help="per job (s)")
-    parser.add_argument("--keep-runs", type=Path, help="keep the run folders here")
-    parser.add_argument("--json", type=Path, help="also write the raw results to this file")
-    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
-    parser.add_argument("--launched-at", type=float, help=argparse.SUPPRESS)
+    common.add_worker_arguments(parser)
     args = parser.parse_args()
     if args.quick:
         args.experiments, args.updates, args.k0, args.env_ranks = ["arithmetic_ppo"], 3, 1, [0, 2]
@@ -393,21 +282,19 @@ def parse_args() -> argparse.Namespace:
 def main() -> None:
     args = parse_args()
     if args.worker:
-        generation_worker(args)
+        generation_worker(args, RESULT_PREFIX)
         return
-    if any(args.env_ranks) and find_mpiexec() is None:
-        raise SystemExit("mpiexec not found: install the mpich wheel (pip install mpich)")
+    if any(args.env_ranks):
+        common.require_mpiexec()
     started = time.perf_counter()
     print(
         f"text throughput: tiny language model, {args.updates} updates per run, steady clock "
         f"from the end of update {args.k0}; load average {os.getloadavg()[0]:.1f} at the start"
     )
-    print(provenance(), flush=True)
+    print(common.provenance(), flush=True)
     responses = [None] + ([args.long_response] if args.long_response and not args.quick else [])
     report: dict[str, Any] = {"args": {k: str(v) for k, v in vars(args).items()}, "settings": []}
-    args.run_root = args.keep_runs or Path(tempfile.mkdtemp(prefix="agentenv_text_throughput_"))
-    args.run_root.mkdir(parents=True, exist_ok=True)
-    try:
+    with common.runs_folder(args.keep_runs, "agentenv_text_throughput_") as args.run_root:
         turn = 0
         for response_length in responses:
             for experiment in args.experiments:
@@ -416,9 +303,6 @@ def main() -> None:
                 results = run_setting(experiment, response_length, args, turn)
                 turn += len(args.env_ranks)
                 report["settings"].append({"title": title, "results": results})
-    finally:
-        if args.keep_runs is None:
-            shutil.rmtree(args.run_root, ignore_errors=True)
     for setting in report["settings"]:
         print_setting(setting["title"], setting["results"])
     if not args.no_generation:
@@ -428,7 +312,7 @@ def main() -> None:
             "--gen-repeats", str(args.gen_repeats),
             "--gen-batches", *map(str, args.gen_batches),
         ]  # fmt: skip
-        report["generation"] = run_worker(
+        report["generation"] = common.run_worker(
             __file__, worker_args, RESULT_PREFIX, "generation alone", args.job_timeout
         )
         print_generation(report["generation"])
@@ -436,8 +320,7 @@ def main() -> None:
         f"\nwhole benchmark {time.perf_counter() - started:.0f} s; load average "
         f"{os.getloadavg()[0]:.1f} at the end"
     )
-    if args.json:
-        args.json.write_text(json.dumps(report, indent=1))
+    common.save_json(args.json, report)
 
 
 if __name__ == "__main__":

@@ -71,33 +71,19 @@ infinitely slow. rejax is optional: when it is not installed its side is skipped
 from __future__ import annotations
 
 import argparse
-import collections
 import importlib.util
 import json
-import math
-import shutil
-import statistics
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
-from common import (
-    format_solved,
-    median,
-    provenance,
-    run_agentenv_mpi,
-    run_seeds,
-    run_worker,
-    steps_to_solve,
-    time_to_solve,
-)
+import common
+from cartpole_references import rejax_worker, require_sb3, sb3_worker
 
 from agentenv_jax.metrics.compilation import CACHE_DIR_VARIABLE
 
-REPO = Path(__file__).resolve().parent.parent
-DEFAULT_CONFIG = REPO / "experiments" / "cartpole_ppo.yaml"
-DEFAULT_JAX_CONFIG = REPO / "experiments" / "cartpole_ppo_jax.yaml"
+DEFAULT_CONFIG = common.EXPERIMENTS / "cartpole_ppo.yaml"
+DEFAULT_JAX_CONFIG = common.EXPERIMENTS / "cartpole_ppo_jax.yaml"
 TARGET_RETURN = 475.0
 RETURN_WINDOW = 20
 TIME_GOALS = {"agentenv-warm": 0.3}  # time ÷ sb3; every other side: 0.5
@@ -111,15 +97,8 @@ RUN_SUBDIRS = {"agentenv-warm": "warm", "agentenv-jax": "jax"}  # agentenv: the 
 
 
 def agentenv_overrides(args: argparse.Namespace, seed: int, run_dir: Path, name: str) -> list[str]:
-    return [
-        f"run.seed={seed}",
-        f"run.stop_at_return={TARGET_RETURN}",
-        f"run.return_window={RETURN_WINDOW}",
-        f"run.total_env_steps={args.max_steps}",
-        f"run.run_dir={run_dir}",
-        f"run.name={name}",
-        "run.progress=false",
-    ]
+    solve = {"stop_at_return": TARGET_RETURN, "return_window": RETURN_WINDOW}
+    return common.run_settings(run_dir, name, seed=seed, **solve, total_env_steps=args.max_steps)
 
 
 def agentenv_worker(args: argparse.Namespace) -> dict[str, Any]:
@@ -149,193 +128,6 @@ def agentenv_worker(args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
-def sb3_worker(args: argparse.Namespace) -> dict[str, Any]:
-    """One stable-baselines3 PPO run with the same hyperparameters, in this interpreter,
-    clocked from its launch (`--launched-at`)."""
-    try:
-        import torch
-        from stable_baselines3 import PPO
-        from stable_baselines3.common.callbacks import BaseCallback
-        from stable_baselines3.common.env_util import make_vec_env
-    except ImportError as err:
-        raise SystemExit(
-            f"stable-baselines3 side needs torch and stable-baselines3 ({err}); install them "
-            "with: pip install -e '.[bench]'  (or run with --sides agentenv agentenv-mpi)"
-        ) from None
-    imported = time.time()
-    if args.torch_threads:
-        torch.set_num_threads(args.torch_threads)
-
-    class StopAtReturn(BaseCallback):
-        """Stops after the update whose rollout brought the mean of the last 20 episode
-        returns to the target, as agentenv's learner does (its check follows each update)."""
-
-        def __init__(self) -> None:
-            super().__init__()
-            self.returns: collections.deque[float] = collections.deque(maxlen=RETURN_WINDOW)
-            self.solved = False
-
-        def _on_step(self) -> bool:
-            for info in self.locals["infos"]:
-                if "episode" in info:  # added by the Monitor wrapper of make_vec_env
-                    self.returns.append(float(info["episode"]["r"]))
-            return not self.solved  # False on the first step after the stopping update
-
-        def _on_rollout_end(self) -> None:
-            full = len(self.returns) == RETURN_WINDOW
-            self.solved = full and statistics.fmean(self.returns) >= TARGET_RETURN
-
-    def linear(initial: float):
-        return lambda progress_remaining: progress_remaining * initial
-
-    env = make_vec_env("CartPole-v1", n_envs=8, seed=args.seed)
-    model = PPO(
-        "MlpPolicy",
-        env,
-        n_steps=32,
-        batch_size=256,
-        n_epochs=20,
-        gamma=0.98,
-        gae_lambda=0.8,
-        learning_rate=linear(1e-3),
-        clip_range=linear(0.2),
-        ent_coef=0.0,
-        vf_coef=0.5,
-        max_grad_norm=0.5,
-        policy_kwargs={
-            "net_arch": {"pi": [64, 64], "vf": [64, 64]},
-            "activation_fn": torch.nn.Tanh,
-        },
-        device="cpu",
-        seed=args.seed,
-        verbose=0,
-    )
-    built = time.time()
-    callback = StopAtReturn()
-    model.learn(total_timesteps=args.max_steps, callback=callback)
-    ended = time.time()
-    env.close()
-    mean_return = statistics.fmean(callback.returns) if callback.returns else math.nan
-    return {
-        "wall_s": ended - args.launched_at,
-        "start_s": imported - args.launched_at,  # interpreter start and imports
-        "setup_s": built - imported,
-        "learn_s": ended - built,
-        "env_steps": int(model.num_timesteps),
-        "return": mean_return,
-        "solved": callback.solved,
-        "torch_threads": torch.get_num_threads(),
-        "torch_version": torch.__version__,
-    }
-
-
-class _FiveValueStep:
-    """A gymnax (>= 1.0) env whose `step` returns the 5 values rejax 0.1.3 unpacks, `(obs,
-    state, reward, done, info)` with `done = terminated or truncated`, instead of gymnax's 6
-    (`terminated`, `truncated`). Only what rejax calls is passed through."""
-
-    def __init__(self, env: Any) -> None:
-        self._env = env
-
-    @property
-    def default_params(self) -> Any:
-        return self._env.default_params
-
-    def action_space(self, params: Any = None) -> Any:
-        return self._env.action_space(params)
-
-    def observation_space(self, params: Any) -> Any:
-        return self._env.observation_space(params)
-
-    def reset(self, key: Any, params: Any = None) -> tuple[Any, Any]:
-        return self._env.reset(key, params)
-
-    def step(self, key: Any, state: Any, action: Any, params: Any = None) -> tuple[Any, ...]:
-        import jax.numpy as jnp
-
-        obs, state, reward, terminated, truncated, info = self._env.step(key, state, action, params)
-        return obs, state, reward, jnp.logical_or(terminated, truncated), info
-
-
-def rejax_worker(args: argparse.Namespace) -> dict[str, Any]:
-    """One rejax PPO run on gymnax's CartPole-v1 with the JAX config's hyperparameters, as far
-    as rejax takes them, in this interpreter, clocked from its launch (`--launched-at`). The
-    solve point is the first of rejax's in-jit evaluations whose mean return reaches the target,
-    timed on the host as it happens (module docstring)."""
-    try:
-        import gymnax
-        import jax
-        import optax
-        from rejax import PPO
-    except ImportError as err:
-        raise SystemExit(
-            f"the rejax side needs rejax and gymnax ({err}): pip install rejax==0.1.3, or run "
-            "without rejax in --sides"
-        ) from None
-    imported = time.time()
-    jax.config.update("jax_enable_compilation_cache", False)  # cold, like agentenv-jax
-    num_envs, num_steps, num_epochs, num_minibatches = 8, 32, 20, 1
-    # agentenv's annealing: linear to 0 over the gradient steps of ceil(budget / batch) updates.
-    gradient_steps = (
-        math.ceil(args.max_steps / (num_envs * num_steps)) * num_epochs * num_minibatches
-    )
-    env, env_params = gymnax.make("CartPole-v1")
-    algo = PPO.create(
-        env=_FiveValueStep(env),
-        env_params=env_params,
-        num_envs=num_envs,
-        num_steps=num_steps,
-        num_epochs=num_epochs,
-        num_minibatches=num_minibatches,
-        gamma=0.98,
-        gae_lambda=0.8,
-        clip_eps=0.2,
-        ent_coef=0.0,
-        vf_coef=0.5,
-        max_grad_norm=0.5,
-        learning_rate=optax.linear_schedule(1e-3, 0.0, gradient_steps),
-        agent_kwargs={"activation": "tanh", "hidden_layer_sizes": (64, 64)},
-        total_timesteps=args.max_steps,
-        eval_freq=args.rejax_eval_freq,
-        skip_initial_evaluation=True,
-    )
-    evaluations: list[tuple[float, int, float]] = []  # (wall time, env steps, mean return)
-
-    def record(env_steps: Any, mean_return: Any) -> None:
-        evaluations.append((time.time(), int(env_steps), float(mean_return)))
-
-    rejax_evaluation = algo.eval_callback  # 128 episodes, sampled actions
-
-    def eval_callback(algo: Any, ts: Any, rng: Any) -> Any:
-        _, returns = rejax_evaluation(algo, ts, rng)
-        jax.debug.callback(record, ts.global_step, returns.mean(), ordered=True)
-        return returns.mean()
-
-    algo = algo.replace(eval_callback=eval_callback)
-    key = jax.random.PRNGKey(args.seed)
-    built = time.time()
-    train = jax.jit(algo.train).lower(key).compile()
-    compiled = time.time()
-    state, _ = train(key)
-    final_steps = int(state.global_step)  # waits for the end of the budget
-    ended = time.time()
-    solving = next((e for e in evaluations if e[2] >= TARGET_RETURN), None)
-    reached, env_steps, mean_return = solving or (ended, final_steps, evaluations[-1][2])
-    return {
-        "wall_s": reached - args.launched_at,
-        "start_s": imported - args.launched_at,  # interpreter start and imports
-        "setup_s": built - imported,
-        "compile_s": compiled - built,
-        "train_s": reached - compiled,  # training to the solving evaluation
-        "budget_train_s": ended - compiled,  # the whole budget
-        "env_steps": env_steps,
-        "budget_env_steps": final_steps,
-        "evaluations": len(evaluations),
-        "return": mean_return,
-        "solved": solving is not None,
-    }
-
-
 def _run_worker(args: argparse.Namespace, side: str, seed: int, run_dir: Path) -> dict[str, Any]:
     worker = WORKERS.get(side, "agentenv")
     runs = run_dir / RUN_SUBDIRS.get(side, "")
@@ -346,7 +138,7 @@ def _run_worker(args: argparse.Namespace, side: str, seed: int, run_dir: Path) -
     worker_args += ["--rejax-eval-freq", str(args.rejax_eval_freq)]
     # The warm side shares one cache, filled before the first seed (`_fill_warm_cache`).
     cache = {CACHE_DIR_VARIABLE: str(run_dir / "warm-cache")} if side == "agentenv-warm" else None
-    return run_worker(
+    return common.run_worker(
         __file__, worker_args, RESULT_PREFIX, f"{side} seed {seed}", args.timeout, cache
     )
 
@@ -359,7 +151,7 @@ def _fill_warm_cache(args: argparse.Namespace, run_dir: Path) -> None:
 def _run_mpi(args: argparse.Namespace, seed: int, run_dir: Path) -> dict[str, Any]:
     name = f"mpi-seed{seed}"
     launched = time.time()
-    run_agentenv_mpi(
+    common.run_agentenv_mpi(
         args.mpi_ranks,
         args.config,
         agentenv_overrides(args, seed, run_dir, name),
@@ -418,26 +210,18 @@ def print_report(runs: dict[str, list[dict[str, Any]]], seeds: list[int]) -> Non
         "start+imports + PPO() + learn(); rejax start+imports + PPO.create() + compiling + "
         "training to the solving evaluation"
     )
-    header = f"{'side':<36}" + "".join(f" | {'seed ' + str(s):>17}" for s in seeds)
-    print(header)
-    print("-" * len(header))
+    common.print_header(f"{'side':<36}" + "".join(f" | {'seed ' + str(s):>17}" for s in seeds))
     for side, side_runs in runs.items():
         cells = "".join(
-            f" | {format_solved(time_to_solve(r), '6.1f'):>8} "
-            f"{format_solved(steps_to_solve(r), ',.0f'):>8}"
+            f" | {common.format_solved(common.time_to_solve(r), '6.1f'):>8} "
+            f"{common.format_solved(common.steps_to_solve(r), ',.0f'):>8}"
             for r in side_runs
         )
         print(f"{labels[side]:<36}{cells}")
         print(f"{'':<36}" + "".join(f" | {_breakdown(side, r):>17}" for r in side_runs))
 
     print()
-    medians = {
-        side: (
-            median([time_to_solve(r) for r in side_runs]),
-            median([steps_to_solve(r) for r in side_runs]),
-        )
-        for side, side_runs in runs.items()
-    }
+    medians = {side: common.solve_medians(side_runs) for side, side_runs in runs.items()}
     jax_pair = "agentenv-jax" in runs and "rejax" in runs
     header = (
         f"{'side':<36} | {'solved':>6} | {'median s':>8} {'median steps':>12} | "
@@ -445,15 +229,10 @@ def print_report(runs: dict[str, list[dict[str, Any]]], seeds: list[int]) -> Non
     )
     if jax_pair:
         header += f" | {'time/rejax':>10} {'goal':>4} | {'steps/rejax':>11}"
-    print(header)
-    print("-" * len(header))
+    common.print_header(header)
     for side, side_runs in runs.items():
         med_time, med_steps = medians[side]
-        solved = sum(r["solved"] for r in side_runs)
-        line = (
-            f"{labels[side]:<36} | {solved:>2}/{len(side_runs):<3} | "
-            f"{format_solved(med_time, '8.1f'):>8} {format_solved(med_steps, ',.0f'):>12} |"
-        )
+        line = f"{labels[side]:<36} | {common.solved_cells(side_runs, med_time, med_steps)}"
         if side != "sb3" and "sb3" in runs:
             sb3_time, sb3_steps = medians["sb3"]
             reference = side in REFERENCES
@@ -469,8 +248,10 @@ def print_report(runs: dict[str, list[dict[str, Any]]], seeds: list[int]) -> Non
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2], help="seeds to run")
+    parser = common.make_parser(
+        __doc__, config=DEFAULT_CONFIG, config_help="agentenv YAML", seeds=[0, 1, 2],
+        run_timeout=900.0, keep_runs=True,
+    )  # fmt: skip
     parser.add_argument(
         "--sides",
         nargs="+",
@@ -478,7 +259,6 @@ def _parser() -> argparse.ArgumentParser:
         choices=SIDES,
         help="what to compare (default: every side; rejax is skipped when not installed)",
     )
-    parser.add_argument("--config", type=Path, default=DEFAULT_CONFIG, help="agentenv YAML")
     parser.add_argument(
         "--jax-config",
         type=Path,
@@ -504,13 +284,7 @@ def _parser() -> argparse.ArgumentParser:
         default=1,
         help="torch intra-op threads for sb3 (default 1, see above; 0: torch's own default)",
     )
-    parser.add_argument("--timeout", type=float, default=900.0, help="limit per run (s)")
-    parser.add_argument("--keep-runs", type=Path, help="keep agentenv run dirs in this folder")
-    parser.add_argument("--json", type=Path, help="also write every run's numbers to this file")
-    parser.add_argument("--worker", choices=["agentenv", "sb3", "rejax"], help=argparse.SUPPRESS)
-    parser.add_argument("--seed", type=int, default=0, help=argparse.SUPPRESS)
-    parser.add_argument("--run-dir", type=Path, help=argparse.SUPPRESS)
-    parser.add_argument("--launched-at", type=float, help=argparse.SUPPRESS)
+    common.add_worker_arguments(parser, ["agentenv", "sb3", "rejax"])
     return parser
 
 
@@ -525,25 +299,24 @@ def _torch_threads() -> str:
 def main() -> None:
     args = _parser().parse_args()
     if args.worker:
-        workers = {"agentenv": agentenv_worker, "sb3": sb3_worker, "rejax": rejax_worker}
+        workers = {
+            "agentenv": agentenv_worker,
+            "sb3": lambda args: sb3_worker(args, TARGET_RETURN, RETURN_WINDOW),
+            "rejax": lambda args: rejax_worker(args, TARGET_RETURN),
+        }
         print(RESULT_PREFIX + json.dumps(workers[args.worker](args)), flush=True)
         return
     if "sb3" in args.sides:
-        try:
-            import stable_baselines3  # noqa: F401
-            import torch  # noqa: F401
-        except ImportError as err:
-            raise SystemExit(
-                f"the sb3 side needs torch and stable-baselines3 ({err}): pip install -e "
-                "'.[bench]', or run with --sides agentenv agentenv-mpi"
-            ) from None
+        require_sb3()
     if "rejax" in args.sides and importlib.util.find_spec("rejax") is None:
         print("note: rejax is not installed (pip install rejax==0.1.3): skipping the rejax side")
         args.sides = [side for side in args.sides if side != "rejax"]
         if not args.sides:
             raise SystemExit("no side left to run")
     print(f"time to solve CartPole-v1 (mean of last {RETURN_WINDOW} returns >= {TARGET_RETURN})")
-    print(provenance("torch", "stable-baselines3", "gymnax", "rejax", "distrax", "tfp-nightly"))
+    print(
+        common.provenance("torch", "stable-baselines3", "gymnax", "rejax", "distrax", "tfp-nightly")
+    )
     print(f"{_torch_threads()}; budget {args.max_steps:,} env steps\n")
 
     def run_side(side: str, seed: int, run_root: Path) -> dict[str, Any]:
@@ -559,20 +332,15 @@ def main() -> None:
         )
 
     sides = [side for side in SIDES if side in args.sides]
-    run_root = args.keep_runs or Path(tempfile.mkdtemp(prefix="agentenv_time_to_solve_"))
-    try:
+    with common.runs_folder(args.keep_runs, "agentenv_time_to_solve_") as run_root:
         if "agentenv-warm" in sides:
             _fill_warm_cache(args, run_root)
-        runs = run_seeds(sides, args.seeds, run_side, describe, run_root, "agentenv_time_to_solve_")
-    finally:
-        if args.keep_runs is None:
-            shutil.rmtree(run_root, ignore_errors=True)
+        runs = common.run_seeds(sides, args.seeds, run_side, describe, run_root)
     if runs.get("sb3"):
         print(f"  sb3 ran with torch.get_num_threads() = {runs['sb3'][0]['torch_threads']}")
     print()
     print_report(runs, args.seeds)
-    if args.json:
-        args.json.write_text(json.dumps(runs, indent=1) + "\n")
+    common.save_json(args.json, runs)
 
 
 if __name__ == "__main__":

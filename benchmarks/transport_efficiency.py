@@ -23,14 +23,8 @@ import statistics
 import time
 from typing import Any
 
+import common
 import numpy as np
-from common import (
-    add_mpi_job_arguments,
-    provenance,
-    run_rank_or_abort,
-    run_script_under_mpiexec,
-    worker_args,
-)
 
 GOAL = 0.8
 RESULT_PREFIX = "TRANSPORT_EFFICIENCY_RESULT "
@@ -179,7 +173,7 @@ def worker(args: argparse.Namespace) -> None:
 
 
 def launch(args: argparse.Namespace) -> list[dict[str, Any]]:
-    return run_script_under_mpiexec(__file__, 2, worker_args(), RESULT_PREFIX, args.job_timeout)
+    return common.run_self_under_mpiexec(__file__, 2, RESULT_PREFIX, args.job_timeout)
 
 
 def print_report(results: list[dict[str, Any]]) -> None:
@@ -188,8 +182,7 @@ def print_report(results: list[dict[str, Any]]) -> None:
         f"{'ratio':>5} {'min':>5} {'max':>5} {'goal':>5} | {'raw us/msg':>10} "
         f"{'transport us/msg':>16}"
     )
-    print(header)
-    print("-" * len(header))
+    common.print_header(header)
     for case in results:
         nbytes = case["nbytes"]
         raw_messages = case["raw_messages_per_round"]
@@ -197,21 +190,19 @@ def print_report(results: list[dict[str, Any]]) -> None:
         raw_rates = [nbytes * raw_messages / s for s in case["raw_s"]]
         transport_rates = [nbytes * transport_messages / s for s in case["transport_s"]]
         ratios = [t / r for t, r in zip(transport_rates, raw_rates, strict=True)]
-        ratio = statistics.median(ratios)
-        ok = "ok" if ratio >= GOAL else "MISS"
         shape = f"{case['rollout_length']}x{case['num_envs']}"
         print(
             f"{shape:>10} {nbytes:>9,} {case['credits']:>7} | "
             f"{statistics.median(raw_rates) / 1e6:>9,.0f} "
             f"{statistics.median(transport_rates) / 1e6:>14,.0f} | "
-            f"{ratio:5.3f} {min(ratios):5.3f} {max(ratios):5.3f} {ok:>5} | "
+            f"{common.ratio_cells(ratios, GOAL)} | "
             f"{1e6 * statistics.median(case['raw_s']) / raw_messages:>10.1f} "
             f"{1e6 * statistics.median(case['transport_s']) / transport_messages:>16.1f}"
         )
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = common.make_parser(__doc__)
     parser.add_argument(
         "--envs",
         type=int,
@@ -227,30 +218,17 @@ def _parser() -> argparse.ArgumentParser:
         help="max_inflight_segments values to measure (the config default is 2)",
     )
     parser.add_argument("--rollout-length", type=int, default=32, help="T of each segment")
-    parser.add_argument("--rounds", type=int, default=7, help="rounds (ratios) per case")
-    parser.add_argument(
-        "--seconds", type=float, default=0.6, help="approx. seconds per side per round"
-    )
-    parser.add_argument(
-        "--chunk-seconds",
-        type=float,
-        default=0.05,
-        help="approx. seconds per chunk: the two sides alternate chunk by chunk",
-    )
-    add_mpi_job_arguments(parser, job_timeout_s=900.0)
+    common.add_round_arguments(parser, rounds=7, chunk_seconds=0.05, seconds=0.6)
+    common.add_mpi_job_arguments(parser, job_timeout_s=900.0)
     return parser
 
 
 def main() -> None:
     args = _parser().parse_args()
-    if args.worker:
-        run_rank_or_abort(lambda: worker(args))
+    if common.work_if_rank(args, worker):
         return
-    print(f"transport efficiency: mpiexec -n 2\n{provenance()}")
-    print(
-        f"{args.rounds} rounds of ~{args.seconds:g} s per side; ratio = transport / raw "
-        f"Send-Recv bytes/s, median over rounds (goal >= {GOAL})\n"
-    )
+    print(f"transport efficiency: mpiexec -n 2\n{common.provenance()}")
+    print(common.rounds_line(args, "transport / raw Send-Recv bytes/s", GOAL))
     results = launch(args)
     print_report(results)
     print(
@@ -259,8 +237,7 @@ def main() -> None:
         "segment), posted receives,\nsegment accounting and Test waits (a 50 us spin, then a "
         "20 us .. 250 us back-off)."
     )
-    if args.json:
-        args.json.write_text(json.dumps(results, indent=1) + "\n")
+    common.save_json(args.json, results)
 
 
 if __name__ == "__main__":
