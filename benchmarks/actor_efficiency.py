@@ -19,6 +19,8 @@ The in-process variant uses `InProcessTransport`; the MPI variant re-launches th
 synchronous round trip to a learner in another process. (The parameters for a chunk's first
 segment arrive while the plain side runs, so one round trip in `chunk_segments` is not timed.)
 
+Recorded in docs/benchmarks.md ("Current results", section 1) from the first command:
+
     python benchmarks/actor_efficiency.py                 # CartPole, 8 and 64 envs, sync+native
     python benchmarks/actor_efficiency.py --rounds 9 --seconds 2 --envs 8 64 256
     python benchmarks/actor_efficiency.py --no-mpi        # in-process variant only

@@ -9,6 +9,8 @@ printed beside it. Goals: 2 env ranks ≥ 1.7x and 3 env ranks ≥ 2.2x one env 
 under mpiexec not slower than one process. Each side's resident memory per rank is read from
 /proc while the job runs (peak of the samples).
 
+Recorded in docs/benchmarks.md ("Current results", section 7) from the first command:
+
     python benchmarks/env_rank_scaling.py                 # about 2 min here
     python benchmarks/env_rank_scaling.py --repeats 3 --step-ms 2
 """

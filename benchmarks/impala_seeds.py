@@ -11,10 +11,14 @@ transition trained on (from `policy_lag_hist` in `metrics.jsonl`) and the larges
 many seeds reached the threshold, the most steps any of them needed, and the range of the mean
 lags.
 
-    python benchmarks/impala_seeds.py --seeds 0 1                      # 2 learners, bound 2
-    python benchmarks/impala_seeds.py --num-seeds 16                   # seeds 0..15
+Its results are in README.md's IMPALA section (docs/benchmarks.md's table points there), from
+these commands: 16 seeds with 2 learners at the shipped bound of 2, 20 seeds at a bound of 1,
+8 seeds with one learner to 500:
+
+    python benchmarks/impala_seeds.py --num-seeds 16
     python benchmarks/impala_seeds.py --num-seeds 20 --set algorithm.max_policy_lag=1
     python benchmarks/impala_seeds.py --num-seeds 8 --ranks 3 --learners 1 --threshold 500
+    python benchmarks/impala_seeds.py --seeds 0 1                      # a quick look
 """
 
 from __future__ import annotations

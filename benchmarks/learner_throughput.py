@@ -7,11 +7,21 @@ no env ranks: what the learner can consume, not what env ranks produce. The cloc
 the device (`block_until_ready`); samples/s = rows trained / those seconds. On GPUs, memory is
 each device's peak bytes in use (`memory_stats`); CPUs report none.
 
-    python benchmarks/learner_throughput.py --algorithm ppo --hidden 64,64
+Recorded in docs/benchmarks.md: its CPU figures under "GPU check" (the defaults, PPO 64x64 on
+2,048 rows, and SAC on 256 rows) and the learner's own rates under "Language models on text"
+(the tiny model; `--size small` for the second row):
+
+    python benchmarks/learner_throughput.py
+    python benchmarks/learner_throughput.py --algorithm sac
+    python benchmarks/learner_throughput.py --algorithm token_ppo --size tiny --envs 32 \\
+        --rollout 2 --context 64 --response 16 --epochs 1 --minibatches 2 --updates 5
+
+Other shapes, e.g.:
+
     python benchmarks/learner_throughput.py --algorithm ppo --hidden 4096,4096,4096 \\
         --mesh data=1,model=1
     python benchmarks/learner_throughput.py --algorithm sac --batch 4096
-    python benchmarks/learner_throughput.py --algorithm token_ppo --size base --envs 64 \
+    python benchmarks/learner_throughput.py --algorithm token_ppo --size base --envs 64 \\
         --rollout 4 --context 128 --response 32
 
 token_ppo trains the transformer of `network.language_model.size` on random token ids (an

@@ -83,6 +83,9 @@ budget, time to the target. Under 1: agentenv is faster. Team returns are printe
 (no ratio: they are negative). The default run (4 sides, 1M env steps each, one seed) takes
 about 3.5 minutes on 2 cores.
 
+Recorded in docs/benchmarks.md ("Multi-agent: MAPPO and IPPO against JaxMARL") from the first
+command:
+
     python benchmarks/multi_agent.py                       # 1M env steps per side, seed 0
     python benchmarks/multi_agent.py --env-steps 200000 --seeds 0 1
     python benchmarks/multi_agent.py --sides agentenv-mappo jaxmarl-mappo

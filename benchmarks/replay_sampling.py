@@ -38,6 +38,9 @@ the time rank 0 spends in `wait_answers` per batch (for the baselines: the time 
 batch, serving included), mean and p95 over all rounds. Ratios are MPI / baseline throughput
 within the same job. The partitions' final reports must account for every row requested.
 
+Recorded in docs/benchmarks.md ("Current results", section 4) from the first command, and
+section 4's table with work per batch from the last:
+
     python benchmarks/replay_sampling.py                         # P = 1 2 3, uniform + prioritized
     python benchmarks/replay_sampling.py --partitions 2 --modes prioritized --rounds 9
     python benchmarks/replay_sampling.py --modes uniform --work-ms 3  # is the wait hidden?

@@ -27,7 +27,11 @@ seconds.
 The ratios are mpiexec / one process, medians over seeds, for wall time, env steps and wall
 time per env step. An unsolved run counts as infinitely slow.
 
+Recorded in docs/benchmarks.md ("Current results", section 5) from the first command (section
+5's run B from the second):
+
     python benchmarks/sac_time_to_threshold.py                  # seed 0
+    python benchmarks/sac_time_to_threshold.py --seeds 0 1
     python benchmarks/sac_time_to_threshold.py --seeds 0 1 2 --max-steps 50000
     python benchmarks/sac_time_to_threshold.py --set algorithm.samples_per_insert=64
 """

@@ -43,6 +43,9 @@ scaling), `--updates` updates each. Measured: each job's `steps_per_s_after_firs
 starts with an empty compilation cache. All share this machine's cores (at 15 env ranks, 16
 processes on 2); "others' load" says how many cores other processes kept busy meanwhile.
 
+Recorded in docs/benchmarks.md ("Learners across processes and the scaling model") from the
+first command:
+
     python benchmarks/scaling_model.py            # about 4 min here (2 cores)
     python benchmarks/scaling_model.py --parts B --updates 60 --step-ms 2 --env-ranks 1 4 16 32
 """

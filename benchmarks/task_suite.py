@@ -6,6 +6,9 @@ over seeds with rliable's 95% bootstrap interval, and each seed's), the return o
 random policy on the same evaluation seeds, and the mean wall and compile time per seed.
 A sweep that already ran is resumed, not redone.
 
+Recorded in docs/benchmarks.md (section 6) from the first command, after
+`pip install -e '.[sweep,mujoco,minatar]'`:
+
     python benchmarks/task_suite.py                                  # every task
     python benchmarks/task_suite.py --tasks cartpole_ppo acrobot_ppo  # some
 """

@@ -50,6 +50,9 @@ ranks can only add throughput while a core is idle. Env ranks run XLA single-thr
 and wait for the learner's reply (spinning 50 µs, then sleeping), under env-rank inference each
 also generates with its own CPU copy. The load average is printed before and after every run.
 
+Recorded in docs/benchmarks.md ("Language models on text: tokens per second") from the first
+command:
+
     python benchmarks/text_throughput.py                 # 12 min here (15 under load)
     python benchmarks/text_throughput.py --quick         # smoke run, 40 s
     python benchmarks/text_throughput.py --env-ranks 0 2 --updates 50 --json out.json

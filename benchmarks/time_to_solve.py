@@ -62,6 +62,8 @@ also compared with each other, agentenv-jax / rejax: wall time from launch, comp
 (goal <= 1.0), and env steps (no goal: not the same statistic). An unsolved run counts as
 infinitely slow. rejax is optional: when it is not installed its side is skipped, with a note.
 
+Recorded in docs/benchmarks.md ("Current results", sections 3 and 7) from the first command:
+
     python benchmarks/time_to_solve.py                      # 3 seeds, every side
     python benchmarks/time_to_solve.py --seeds 0 1 2 3 4 --max-steps 300000
     python benchmarks/time_to_solve.py --sides agentenv sb3 # skip the MPI side

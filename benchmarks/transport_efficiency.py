@@ -11,6 +11,8 @@ chunk with it, is a raw one-way stream of the same number of bytes: `comm.Send` 
 Both sides are timed on the receiver from a barrier to the last message's arrival. The ratio is
 transport bytes/s over raw bytes/s, median over rounds. Goal: >= 0.8.
 
+Recorded in docs/benchmarks.md ("Current results", section 2) from the first command:
+
     python benchmarks/transport_efficiency.py
     python benchmarks/transport_efficiency.py --envs 8 64 585 --credits 1 2 8 --rounds 9
 """
