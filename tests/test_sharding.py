@@ -16,6 +16,8 @@ import pytest
 
 from conftest import REPO, agentenv_command, run_command, settings
 
+pytestmark = pytest.mark.slow  # every test here starts a process
+
 SCRIPT = r"""
 import json
 import jax, numpy as np
@@ -96,8 +98,6 @@ from agentenv_jax.algorithms.ppo import make_ppo_update
 from agentenv_jax.parallel.mesh import make_mesh, place_on_mesh, row_constraint
 from agentenv_jax.parallel.partitioning import check_model_axis_divides, state_shardings
 from test_ppo import make_rollout, make_update_setup
-
-pytestmark = pytest.mark.slow  # every test here starts a process or trains
 
 rollout = make_rollout(np.random.default_rng(7), 16, 8, 4, 3)
 results = {}

@@ -14,8 +14,11 @@ import subprocess
 import sys
 
 import numpy as np
+import pytest
 
 from conftest import REPO
+
+pytestmark = pytest.mark.slow  # every test here starts a process
 
 # Builds the update as the learner does (`Learner.__init__`): `language_model_training` with
 # the mesh's row constraint, the state's shardings from its abstract shape, `jit_sharded_update`.
