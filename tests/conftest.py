@@ -152,13 +152,116 @@ def _pytest_timeout_of(item: pytest.Item) -> float | None:
 def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None):
     # Wraps pytest-timeout's own wrapper, which starts its timer (for setup, call and teardown
     # together) after this: the deadline noted here is at or before the real one.
-    global _current_timeout
+    global _current_timeout, _running_item
     seconds = _pytest_timeout_of(item)
     _current_timeout = (
         None if seconds is None else _TestTimeout(seconds, time.monotonic() + seconds)
     )
+    _running_item = item
     yield
     _current_timeout = None
+    _running_item = None
+
+
+# `pytest -m "not slow"` is the quick inner loop: a test that starts a process (an mpiexec job,
+# the CLI, any subprocess) or trains (a learner session: `train`, the API, a sweep) must be
+# marked `slow`. The guard below fails any other test the moment it does either, and any test
+# that uses a fixture that did.
+
+# The test whose setup, call or teardown runs now; None between tests.
+_running_item: pytest.Item | None = None
+# The fixtures being set up now, innermost last.
+_fixtures_in_setup: list[str] = []
+# Fixtures that started a process or trained while set up, with what they did first.
+_launching_fixtures: dict[str, str] = {}
+# What a test not marked slow did on a thread other than the main one (where failing the
+# test at once would only end that thread), for its teardown to report.
+_unmarked_launches: list[str] = []
+
+
+def _unmarked_message(item: pytest.Item, what: str) -> str:
+    return (
+        f"{item.nodeid} {what} but is not marked slow: mark it @pytest.mark.slow (or its "
+        'module: pytestmark = pytest.mark.slow), so that pytest -m "not slow" stays quick'
+    )
+
+
+def _is_slow(item: pytest.Item) -> bool:
+    return item.get_closest_marker("slow") is not None
+
+
+def _launching(what: str) -> None:
+    """Called as a process starts or a learner session opens: fail the running test unless it
+    is marked slow."""
+    if _fixtures_in_setup:
+        _launching_fixtures.setdefault(_fixtures_in_setup[-1], what)
+    item = _running_item
+    if item is None or _is_slow(item):
+        return
+    message = _unmarked_message(item, what)
+    if threading.current_thread() is not threading.main_thread():
+        _unmarked_launches.append(message)
+    pytest.fail(message, pytrace=False)
+
+
+def _guarded(what: str, original: Callable) -> Callable:
+    def guarded(*args, **kwargs):
+        _launching(what)
+        return original(*args, **kwargs)
+
+    guarded.__wrapped__ = original
+    return guarded
+
+
+def _install_launch_guard() -> None:
+    from agentenv_jax.learner.session import LearnerSession
+
+    subprocess.Popen.__init__ = _guarded("started a process", subprocess.Popen.__init__)
+    for name in ("fork", "forkpty", "posix_spawn", "posix_spawnp", "system"):
+        if hasattr(os, name):
+            setattr(os, name, _guarded(f"started a process (os.{name})", getattr(os, name)))
+    LearnerSession.__init__ = _guarded(
+        "trained (opened a learner session)", LearnerSession.__init__
+    )
+
+
+_install_launch_guard()
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_fixture_setup(fixturedef: pytest.FixtureDef, request: pytest.FixtureRequest):
+    _fixtures_in_setup.append(fixturedef.argname)
+    try:
+        yield
+    finally:
+        _fixtures_in_setup.pop()
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_call(item: pytest.Item) -> None:
+    # A fixture shared by several tests launches only for the first that sets it up: every
+    # test that uses it is held to the same rule, whichever ran first.
+    if _is_slow(item):
+        return
+    for name in getattr(item, "fixturenames", ()):
+        if name in _launching_fixtures:
+            pytest.fail(
+                _unmarked_message(
+                    item, f"uses fixture {name!r}, which {_launching_fixtures[name]}"
+                ),
+                pytrace=False,
+            )
+
+
+@pytest.fixture(autouse=True)
+def _no_unmarked_launch_on_a_thread():
+    """Reports a process or learner session that a test not marked slow started on a thread
+    of its own (the guard could only end that thread)."""
+    yield
+    found = list(_unmarked_launches)
+    _unmarked_launches.clear()
+    if found:
+        pytest.fail(found[0], pytrace=False)
 
 
 def wait_for_records(
