@@ -57,6 +57,7 @@ def test_the_registry_scan_finds_every_id_and_no_excluded_one():
     assert not set(REGISTERED) & (set(TEXT_ENV_IDS) | set(MULTI_AGENT_IDS))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "env_id, kwargs",
     [(env_id, {}) for env_id in REGISTERED] + list(ENTRY_POINTS.items()),

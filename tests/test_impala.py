@@ -5,6 +5,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 
 from agentenv_jax.algorithms.impala import IMPALAHyperparams, make_impala_update
 from agentenv_jax.algorithms.ppo import TrainState, make_optimizer
@@ -13,6 +14,7 @@ from agentenv_jax.networks import action_distribution, init_params, make_actor_c
 from test_ppo import make_rollout
 
 
+@pytest.mark.slow
 def test_impala_update_on_policy_rollout():
     module, apply_fn = make_actor_critic("discrete", 3, 1, (16,), (16,), "tanh", 0.0)
     params = init_params(module, (4,), jax.random.PRNGKey(0))

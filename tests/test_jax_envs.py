@@ -33,6 +33,7 @@ CARTPOLE_JAX = EXPERIMENTS / "cartpole_ppo_jax.yaml"
 THRESHOLD, BUDGET = 475.0, 100_000
 
 
+@pytest.mark.slow
 def test_adapter_tracks_episodes_and_tells_truncation_from_termination():
     """With a 15-step limit, alternating pushes keep CartPole up until the limit truncates the
     episode; pushing right makes it fall (terminate) sooner. Returns and lengths are reported

@@ -80,6 +80,7 @@ def generated(request: pytest.FixtureRequest) -> tuple:
     return lm, params, context, runs[True], runs[False]
 
 
+@pytest.mark.slow
 def test_cached_generation_matches_uncached(generated: tuple) -> None:
     lm, params, context, cached, uncached = generated
     assert isinstance(cached, Generation)
@@ -94,6 +95,7 @@ def test_cached_generation_matches_uncached(generated: tuple) -> None:
     assert np.std(np.asarray(cached.values)[cached.mask > 0]) > 0.05
 
 
+@pytest.mark.slow
 def test_generation_agrees_with_score(generated: tuple) -> None:
     lm, params, context, cached, _ = generated
     tokens, mask = np.asarray(cached.tokens), np.asarray(cached.mask)
@@ -118,6 +120,7 @@ def test_generation_agrees_with_score(generated: tuple) -> None:
     )
 
 
+@pytest.mark.slow
 def test_tempered_samples_report_the_policy_log_probs(generated: tuple) -> None:
     lm, params, context, cached, _ = generated
     cold = generate_jit(
@@ -141,6 +144,7 @@ def test_response_mask_ends_after_the_first_eos() -> None:
     np.testing.assert_array_equal(response_mask(response, EOS), expected)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("critic", ["shared", "separate"])
 def test_left_padding_does_not_change_outputs(critic: str) -> None:
     lm = make_language_model(language_model_spec("tiny", VOCAB, critic=critic))
@@ -163,6 +167,7 @@ def test_left_padding_does_not_change_outputs(critic: str) -> None:
     assert np.abs(np.asarray(shifted) - np.asarray(unshifted)).max() > 0.1
 
 
+@pytest.mark.slow
 def test_changing_a_later_token_leaves_earlier_outputs() -> None:
     lm = make_language_model(language_model_spec("tiny", VOCAB, critic="separate"))
     params = sharpened(lm, seed=31)
@@ -178,6 +183,7 @@ def test_changing_a_later_token_leaves_earlier_outputs() -> None:
     assert np.all(np.asarray(values[:, 5:]) != np.asarray(values_changed[:, 5:]))
 
 
+@pytest.mark.slow
 def test_init_is_a_pure_function_of_the_key() -> None:
     lm = make_language_model(language_model_spec("tiny", VOCAB))
     first, again = lm.init(jax.random.key(0)), lm.init(jax.random.key(0))
@@ -258,6 +264,7 @@ def test_mismatched_checkpoints_raise(tmp_path) -> None:
         load_language_model(tmp_path / "missing", lm.param_shapes())
 
 
+@pytest.mark.slow
 def test_bfloat16_compute_stays_close_to_float32() -> None:
     spec32 = language_model_spec("tiny", VOCAB)
     lm32 = make_language_model(spec32)

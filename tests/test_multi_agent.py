@@ -157,6 +157,7 @@ def _loss(batch: dict[str, np.ndarray]) -> tuple[float, dict[str, float], object
     return float(total), {k: float(v) for k, v in metrics.items()}, grads
 
 
+@pytest.mark.slow
 def test_padding_steps_of_finished_agents_contribute_nothing_to_the_losses():
     # Two agents over 6 steps; agent 1 finishes after step 2, so its steps 3..5 are padding,
     # filled here with garbage that would dominate every loss term if it counted.
@@ -337,6 +338,7 @@ def test_ippo_beats_a_random_policy_on_cooperative_navigation(run_dir):
     assert result.episode_return_mean >= TRAINED_TWO_AGENT_RETURN > RANDOM_TWO_AGENT_RETURN
 
 
+@pytest.mark.slow
 def test_a_groups_loss_does_not_reach_another_groups_policy():
     from agentenv_jax.config.schema import NetworkConfig
     from agentenv_jax.envs.spaces import EnvSpaces

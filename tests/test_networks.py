@@ -17,6 +17,7 @@ def _shapes(params) -> dict:
     return jax.tree.map(lambda x: tuple(x.shape), params)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "torso, image, features, torso_output",
     [
@@ -40,6 +41,7 @@ def test_cnn_torsos_embed_small_and_atari_size_images(torso, image, features, to
     assert params[layer][leaf].shape == shape
 
 
+@pytest.mark.slow
 def test_actor_critic_with_a_cnn_shares_the_torso_and_keeps_batch_axes():
     module, apply_fn = make_actor_critic(
         "multi_discrete", 7, 3, (64,), (64,), "tanh", 0.0, torso="impala_cnn", image_obs=True

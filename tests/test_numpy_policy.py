@@ -27,6 +27,7 @@ CASES = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", CASES, ids=list(CASES))
 def test_numpy_and_jitted_policies_agree(case):
     kind, size, nvec, shape, activation, obs_shape, image = CASES[case]

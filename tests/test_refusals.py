@@ -192,6 +192,7 @@ def _largest(tree) -> float:
     return max(float(np.abs(np.asarray(leaf)).max()) for leaf in jax.tree.leaves(tree))
 
 
+@pytest.mark.slow
 def test_a_separate_value_trunk_gives_the_policy_no_value_gradient():
     """docs/text.md: `network.language_model.value_trunk: separate` puts the value head on a
     trunk of its own, so the policy gets no value gradient; `shared` trains the policy's trunk

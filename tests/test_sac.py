@@ -198,6 +198,7 @@ def test_networks_shapes_clipping_and_independent_critics(setup: Setup):
         np.testing.assert_allclose(actor_apply(params, obs)[:, 1], bound)
 
 
+@pytest.mark.slow
 def test_update_step(setup: Setup):
     state, nets, tau = setup.state, setup.nets, setup.hp.tau
     batch = random_batch(np.random.default_rng(3))

@@ -141,6 +141,7 @@ def test_native_vectorization_refuses_frame_stacking():
         make_vector_env(config.env, 2)
 
 
+@pytest.mark.slow
 def test_images_travel_as_uint8_from_the_env_rank_into_the_learners_segment():
     """Catch frames with 2 stacked: the segment's `obs`/`last_obs` fields are uint8 and hold the
     env's own frames (two lit pixels, 255, per frame), not floats."""

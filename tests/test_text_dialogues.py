@@ -38,6 +38,7 @@ def check_counts(sample: DialogueSample, num_episodes: int) -> None:
     assert sample.accuracy == pytest.approx(np.mean(sample.successes))
 
 
+@pytest.mark.slow
 def test_arithmetic_dialogues_of_the_untrained_policy():
     config = text_config(ARITHMETIC, max_operand=4, context_length=8, response_length=3)
     # 70 episodes: a batch of 64 envs, then a second round.
@@ -63,6 +64,7 @@ def test_arithmetic_dialogues_of_the_untrained_policy():
     assert str(sample) == sample.format()
 
 
+@pytest.mark.slow
 def test_guess_number_dialogues_are_multi_turn():
     config = text_config(GUESS_NUMBER, max_turns=3)
     sample = sample_dialogues(config, num_episodes=6, seed=2)
@@ -79,6 +81,7 @@ def test_guess_number_dialogues_are_multi_turn():
     assert sample_dialogues(config, num_episodes=6, seed=2) == sample
 
 
+@pytest.mark.slow
 def test_a_group_of_envs_shares_its_prompts():
     config = text_config(ARITHMETIC, max_operand=9, group_size=4)
     sample = sample_dialogues(config, num_episodes=6, seed=0)  # 8 envs, the first 6 counted

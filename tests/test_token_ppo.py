@@ -334,6 +334,7 @@ def _max_change(a, b) -> float:
     return max(jax.tree.leaves(jax.tree.map(lambda x, y: float(jnp.max(jnp.abs(x - y))), a, b)))
 
 
+@pytest.mark.slow
 def test_update_raises_the_log_prob_of_rewarded_answers():
     lm, update, state = built()
     rollout = make_text_rollout(lm, state.params, seed=0)
@@ -350,6 +351,7 @@ def test_update_raises_the_log_prob_of_rewarded_answers():
     assert float(metrics["approx_kl"]) >= 0
 
 
+@pytest.mark.slow
 def test_kl_to_reference_is_zero_at_first_and_grows_with_training():
     lm, update, state = built()
     ref = jax.tree.map(np.array, state.ref_params)
@@ -374,6 +376,7 @@ def test_kl_to_reference_is_zero_at_first_and_grows_with_training():
     assert _max_change(state.params, ref) > 0
 
 
+@pytest.mark.slow
 def test_trained_tokens_and_rows_count_the_valid_response_tokens():
     lm, update, state = built()
     rollout = make_text_rollout(lm, state.params, seed=2)
@@ -391,6 +394,7 @@ def test_trained_tokens_and_rows_count_the_valid_response_tokens():
     assert float(metrics["response_length_mean"]) == pytest.approx(tokens / (T_LEN * BATCH - 2))
 
 
+@pytest.mark.slow
 def test_grpo_group_advantage_and_kl_loss():
     """GRPO's setting: group-standardized rewards instead of a critic, the k3 KL to the
     reference as a loss term."""

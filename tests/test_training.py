@@ -396,6 +396,7 @@ def test_async_vectorization_has_no_padding_rows(run_dir):
     assert json.loads((result.run_dir / "summary.json").read_text())["episodes"] >= 64
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("vectorization", ["sync", "async"])
 def test_truncated_episodes_bootstrap_from_the_value_of_their_final_observation(vectorization):
     """`CounterEnv` observes `[env id, t]` and truncates at t = 50. SAME_STEP vector envs return
