@@ -26,6 +26,7 @@ SCRIPT = r"""
 import json, sys
 import jax, jax.numpy as jnp, numpy as np, optax
 from agentenv_jax.learner.loop import jit_sharded_update
+from agentenv_jax.learner.on_policy_model import OnPolicyModel
 from agentenv_jax.learner.text_training import language_model_training
 from agentenv_jax.parallel.mesh import make_mesh, place_on_mesh, row_constraint
 from agentenv_jax.parallel.partitioning import check_model_axis_divides, state_shardings
@@ -37,7 +38,7 @@ lm = scoring_model(config.network.language_model)
 arrays, results = {}, {}
 for name, (n, model) in {"one": (1, 1), "data2_model4": (8, 4)}.items():
     mesh = make_mesh(n, model=model)
-    trained = language_model_training(config, TEXT, 10, row_constraint(mesh))
+    trained = OnPolicyModel(*language_model_training(config, TEXT, 10, row_constraint(mesh)))
     abstract = jax.eval_shape(
         trained.train_state, trained.param_shapes, jax.ShapeDtypeStruct((2,), jnp.uint32)
     )

@@ -26,6 +26,7 @@ from agentenv_jax.config.schema import (
     PPOConfig,
 )
 from agentenv_jax.envs.spaces import TextSpec
+from agentenv_jax.learner.on_policy_model import OnPolicyModel
 from agentenv_jax.learner.text_training import language_model_training
 from agentenv_jax.networks.language_model import LanguageModel
 from agentenv_jax.networks.text_models import language_model_for
@@ -322,7 +323,8 @@ def built(**algorithm):
     them (rows unconstrained: one device)."""
     config = text_config(**algorithm)
     config.validate()
-    model = language_model_training(config, TEXT, total_updates=10, constrain_rows=lambda x: x)
+    parts = language_model_training(config, TEXT, total_updates=10, constrain_rows=lambda x: x)
+    model = OnPolicyModel(*parts)
     lm = scoring_model(config.network.language_model)
     assert lm.spec.d_model == 64 and lm.spec.max_length == CONTEXT + RESPONSE
     params = model.init_params(jax.random.key(0))
