@@ -86,6 +86,8 @@ import pytest
 
 from conftest import start_job
 
+pytestmark = pytest.mark.slow  # they start processes (conftest refuses that unmarked)
+
 
 def test_fails_before_waiting():
     start_job(["sleep", "{first}"])
