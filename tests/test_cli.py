@@ -114,10 +114,10 @@ def test_eval_sample_samples_actions_instead_of_the_mode(trained_run, capsys):
 def test_eval_observes_through_the_runs_observation_statistics(tmp_path, capsys):
     """A run trained with env.normalize_obs saw only normalized observations: eval must
     normalize with the statistics its checkpoint saved. Seed 1 and 96 updates of
-    cartpole_ppo give a policy that holds the pole for all 500 steps: seed 1 did so at each
-    budget tried from 64 to 160 updates, where seeds 0, 2 and 3 fell short at some. For
-    scale: uniformly random actions last ~22 steps on these env seeds, and this policy fed raw
-    observations ~15."""
+    cartpole_ppo give a policy that held the pole for all 500 steps on an Intel CPU and 252
+    steps on an AMD EPYC one (XLA's CPU code differs between them, and so does the training).
+    For scale: uniformly random actions last ~22 steps on these env seeds, and this policy fed
+    raw observations ~15; 150 tells the two apart on either machine."""
     proc = run_command(
         agentenv_command(
             "train",
@@ -137,7 +137,7 @@ def test_eval_observes_through_the_runs_observation_statistics(tmp_path, capsys)
     assert proc.returncode == 0, proc.stderr[-3000:]
     checkpoint, episodes, mode, mean, _, _ = _eval(capsys, tmp_path / "normalized")
     assert (checkpoint, episodes, mode) == (96, 10, "deterministic")
-    assert mean >= 475.0
+    assert mean >= 150.0
 
 
 def test_show_config_prints_the_resolved_config_with_the_overrides(tmp_path, capsys):

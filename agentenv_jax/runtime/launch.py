@@ -36,7 +36,7 @@ from agentenv_jax.runtime.roles import (
     prepare_env_rank,
     single_threaded_xla,
 )
-from agentenv_jax.transport.launcher import detect_launcher
+from agentenv_jax.transport.launcher import launched_by_mpi
 from agentenv_jax.transport.topology import make_topology
 
 
@@ -56,27 +56,6 @@ class TrainResult:
     accounting: dict[str, Any] | None
     params: Any = None  # final parameters (host pytree) on the learner
     interrupted: bool = False  # stopped early by SIGTERM/SIGINT (a final checkpoint was written)
-
-
-# Overrides the launcher detection: "mpi" for a launcher that sets none of the variables above,
-# "inprocess" for one process where they are inherited (a notebook inside a Slurm step, say).
-TRANSPORT_VARIABLE = "AGENTENV_TRANSPORT"
-_TRANSPORT_CHOICES = ("mpi", "inprocess")
-
-
-def launched_by_mpi() -> bool:
-    """Whether this process is one rank of an MPI job: `AGENTENV_TRANSPORT` if set, else
-    whether a launcher started this process (`launcher.detect_launcher`: without one, no MPI is
-    initialized at all). `ConfigError` for an unknown value."""
-    choice = os.environ.get(TRANSPORT_VARIABLE, "")
-    if choice and choice not in _TRANSPORT_CHOICES:
-        raise ConfigError(
-            f"{TRANSPORT_VARIABLE} = {choice!r} is not allowed: expected "
-            f"{' or '.join(map(repr, _TRANSPORT_CHOICES))}, or unset to detect the launcher"
-        )
-    if choice:
-        return choice == "mpi"
-    return detect_launcher().started_ranks
 
 
 def _made_run_dir(config: ExperimentConfig) -> Path:

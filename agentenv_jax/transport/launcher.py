@@ -19,6 +19,8 @@ import dataclasses
 import os
 from collections.abc import Mapping
 
+from agentenv_jax.config.errors import ConfigError
+
 
 @dataclasses.dataclass(frozen=True)
 class Launcher:
@@ -92,6 +94,27 @@ def detect_launcher(env: Mapping[str, str] | None = None) -> Launcher:
     if "PMI_SIZE" in env:
         return Launcher("a PMI launcher", "PMI-1", _int(env.get("PMI_RANK")), _int(env["PMI_SIZE"]))
     return Launcher("none", "none", None, None)
+
+
+# Overrides the launcher detection: "mpi" for a launcher that sets none of the variables above,
+# "inprocess" for one process where they are inherited (a notebook inside a Slurm step, say).
+TRANSPORT_VARIABLE = "AGENTENV_TRANSPORT"
+_TRANSPORT_CHOICES = ("mpi", "inprocess")
+
+
+def launched_by_mpi() -> bool:
+    """Whether this process is one rank of an MPI job: `AGENTENV_TRANSPORT` if set, else
+    whether a launcher started this process (`launcher.detect_launcher`: without one, no MPI is
+    initialized at all). `ConfigError` for an unknown value."""
+    choice = os.environ.get(TRANSPORT_VARIABLE, "")
+    if choice and choice not in _TRANSPORT_CHOICES:
+        raise ConfigError(
+            f"{TRANSPORT_VARIABLE} = {choice!r} is not allowed: expected "
+            f"{' or '.join(map(repr, _TRANSPORT_CHOICES))}, or unset to detect the launcher"
+        )
+    if choice:
+        return choice == "mpi"
+    return detect_launcher().started_ranks
 
 
 def launcher_rank(env: Mapping[str, str] | None = None) -> str | None:

@@ -128,8 +128,8 @@ def train(
     launcher every rank calls this; the learner gets the run, env ranks get None. With
     `ranks > 1` (from a process without a launcher: a notebook, a script) the run is an
     `mpiexec -n ranks` job that this process follows, showing its progress."""
-    from agentenv_jax.runtime.launch import launched_by_mpi
     from agentenv_jax.runtime.launch import train as run_training
+    from agentenv_jax.transport.launcher import launched_by_mpi
 
     resolved = resolve_config(config, overrides, **sections)
     if ranks != 1:

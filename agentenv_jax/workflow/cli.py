@@ -169,6 +169,16 @@ def resume_config(run_dir: str, config_path: str | None, overrides: list[str]):
     return load_config(folder / "config.yaml", [*overrides, *location])
 
 
+def _requested_config(args: argparse.Namespace):
+    """The config `train` or `show-config` asked for: a resumed run's own, else the file's."""
+    resume = getattr(args, "resume", None)
+    if resume is not None:
+        return resume_config(resume, args.config, args.overrides)
+    from agentenv_jax.config.loading import load_config
+
+    return load_config(args.config, args.overrides)
+
+
 def _sweep(args: argparse.Namespace) -> int:
     import shlex
 
@@ -221,7 +231,7 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     args = _parser().parse_args(argv)
     if args.command == "train":
-        from agentenv_jax.runtime.launch import launched_by_mpi
+        from agentenv_jax.transport.launcher import launched_by_mpi
 
         try:
             under_launcher = launched_by_mpi()
@@ -253,8 +263,22 @@ def main(argv: list[str] | None = None) -> int:
         print(config_reference())
         return 0
 
+    config = None
+    if args.command in ("train", "show-config"):
+        # Read before JAX is imported: a rank that refuses a bad config exits within a second.
+        try:
+            config = _requested_config(args)
+        except ConfigError as err:
+            return _agreed_error(err)
+        if args.command == "show-config":
+            import yaml
+
+            from agentenv_jax.config.loading import config_to_dict
+
+            print(yaml.safe_dump(config_to_dict(config), sort_keys=False), end="")
+            return 0
+
     from agentenv_jax.checkpoint.store import CheckpointError
-    from agentenv_jax.config.loading import config_to_dict, load_config
     from agentenv_jax.envs.factory import EnvError
     from agentenv_jax.learner.guards import NonFiniteError
     from agentenv_jax.parallel.mesh import MeshError
@@ -297,17 +321,7 @@ def main(argv: list[str] | None = None) -> int:
             if args.dialogues and result.dialogues is not None:
                 print(result.dialogues.format(limit=args.dialogues), flush=True)
             return 0
-        resume = getattr(args, "resume", None)
-        if resume is not None:
-            config = resume_config(resume, args.config, args.overrides)
-        else:
-            config = load_config(args.config, args.overrides)
-        if args.command == "show-config":
-            import yaml
-
-            print(yaml.safe_dump(config_to_dict(config), sort_keys=False), end="")
-            return 0
-        train(config, resume=resume is not None)
+        train(config, resume=getattr(args, "resume", None) is not None)
         # The run has ended and saved. A late copy of its stop request (Slurm signals each
         # process of a step as well as its parent) must not turn this clean exit into a kill.
         from agentenv_jax.learner.session import STOP_SIGNALS
