@@ -1,10 +1,14 @@
-"""One PPO update on a global mesh of two learner processes equals the update on one device;
-run by tests/test_multi_learner.py as `mpiexec -n 2` with 2 host devices per process.
+"""PPO and SAC updates on a global mesh of two learner processes equal the updates on one
+device; run by tests/test_multi_learner.py as `mpiexec -n 2` with 2 host devices per process.
 
 Both processes start JAX's distributed runtime the way learners do (the coordinator address
-agreed over their MPI communicator, gloo collectives), build the same random rollout, and each
-contributes its half of the env axis to the global rollout on the 4-device mesh. Each process
-also runs the same update on one of its own devices. Prints `RESULT {json}` on every rank.
+agreed over their MPI communicator, gloo collectives). For PPO they build the same random
+rollout and each contributes its half of the env axis to the global rollout on the 4-device
+mesh; for SAC (`pendulum_sac`'s networks and optimizers, as the replay learner builds them)
+each contributes its half of the rows of a random replay batch, as each learner does with the
+rows it drew from its own env ranks' partitions. Each process also runs the same updates on one
+of its own devices. Prints `RESULT {json}` on every rank: `max_param_diff` and `loss_diff` for
+PPO, `sac_max_param_diff` for SAC.
 """
 
 from __future__ import annotations
@@ -13,16 +17,27 @@ import json
 
 import jax
 import numpy as np
+from jax.sharding import NamedSharding, PartitionSpec
 
 from agentenv_jax.algorithms.ppo import make_ppo_update
+from agentenv_jax.config.loading import load_config
+from agentenv_jax.envs.spaces import EnvSpaces
 from agentenv_jax.learner.loop import (
     ROLLOUT_LAST_FIELDS,
     jit_sharded_update,
     rollout_shardings,
 )
+from agentenv_jax.learner.replay_loop import BATCH_FIELDS
+from agentenv_jax.learner.sac_training import make_sac_training
 from agentenv_jax.networks import action_distribution
 from agentenv_jax.parallel.distributed import start_distributed
-from agentenv_jax.parallel.mesh import make_mesh, place_on_mesh, row_constraint, to_global
+from agentenv_jax.parallel.mesh import (
+    BATCH_AXIS,
+    make_mesh,
+    place_on_mesh,
+    row_constraint,
+    to_global,
+)
 from agentenv_jax.transport.mpi import MPIWorld
 from agentenv_jax.transport.mpi.learners import split_learner_group
 
@@ -54,6 +69,61 @@ def run_updates(mesh, rollout) -> tuple[list[np.ndarray], dict[str, float]]:
         state, metrics = update(state, rollout)
     params = [np.asarray(x) for x in jax.tree.leaves(state.params)]
     return params, {k: float(v) for k, v in jax.device_get(metrics).items()}
+
+
+# Pendulum-v1's spaces: 3 observations, one torque in [-2, 2].
+PENDULUM = EnvSpaces((3,), "continuous", 1, (1,), (-2.0,), (2.0,))
+
+
+def sac_batch(rng: np.random.Generator, rows: int) -> dict[str, np.ndarray]:
+    return {
+        "obs": rng.normal(size=(rows, 3)).astype(np.float32),
+        "action": rng.uniform(-1, 1, size=(rows, 1)).astype(np.float32),
+        "reward": rng.normal(size=rows).astype(np.float32),
+        "next_obs": rng.normal(size=(rows, 3)).astype(np.float32),
+        "discount": np.full(rows, 0.99, np.float32),
+        "weight": np.ones(rows, np.float32),
+    }
+
+
+def run_sac_updates(mesh, batch) -> tuple[list[np.ndarray], list[np.ndarray]]:
+    """The SAC state's leaves before and after `UPDATES` updates on `batch`."""
+    config = load_config("pendulum_sac", [])
+    shapes = {name: jax.ShapeDtypeStruct(v.shape, v.dtype) for name, v in batch.items()}
+    training = make_sac_training(config, PENDULUM, mesh, shapes)
+    state = training.initial_state
+    initial = [np.asarray(x) for x in jax.tree.leaves(state)]
+    for _ in range(UPDATES):
+        state, _, _ = training.update(state, batch)
+    return initial, [np.asarray(x) for x in jax.tree.leaves(state)]
+
+
+def largest_difference(first: list[np.ndarray], second: list[np.ndarray]) -> float:
+    return max(
+        float(np.abs(a.astype(np.float64) - b.astype(np.float64)).max())
+        for a, b in zip(first, second, strict=True)
+        if np.issubdtype(a.dtype, np.floating)
+    )
+
+
+def sac_results(group_index: int) -> dict[str, float]:
+    """How far the SAC state updated on the 2-process mesh (one device of each) is from the
+    one-device update, and how far the updates moved it, over every float leaf (networks,
+    targets, optimizer moments, alpha)."""
+    rows = load_config("pendulum_sac", []).algorithm.batch_size
+    batch = sac_batch(np.random.default_rng(11), rows)
+    assert set(BATCH_FIELDS) < set(batch)
+    global_mesh = make_mesh(1)  # the first device of each process, as with devices=1
+    row_sharding = NamedSharding(global_mesh, PartitionSpec(BATCH_AXIS))
+    half = slice(group_index * rows // 2, (group_index + 1) * rows // 2)
+    global_batch = {name: to_global(row_sharding, v[half]) for name, v in batch.items()}
+    initial, on_two = run_sac_updates(global_mesh, global_batch)
+    _, on_one = run_sac_updates(make_mesh(1, jax.local_devices()[:1]), batch)
+    return {
+        "sac_mesh_devices": len(global_mesh.devices.flat),
+        "sac_max_param_diff": largest_difference(on_two, on_one),
+        "sac_max_param_change": largest_difference(on_two, initial),
+    }
 
 
 def main() -> None:
@@ -96,6 +166,7 @@ def main() -> None:
                 ),
                 "loss_diff": abs(global_metrics["loss/total"] - local_metrics["loss/total"]),
             }
+            | sac_results(group.index)
         ),
         flush=True,
     )
