@@ -89,6 +89,9 @@ def _summary(run_dir) -> dict:
 def test_two_learners_learn_cartpole_and_checkpoints_move_between_two_learners_and_one(
     run_dir,
 ):
+    """One device per learner: with two devices in each of two learner processes, gloo's
+    collectives on this 2-core machine make the run three times slower (81 s to 475 against
+    25 s); learners of two devices each are the IMPALA test's and the update test's."""
     run = run_dir / "two"
     first = _train(
         run_dir,
@@ -101,10 +104,11 @@ def test_two_learners_learn_cartpole_and_checkpoints_move_between_two_learners_a
             "run.stop_at_return=475",
             "run.total_env_steps=100000",
         ),
+        devices=1,
     )
     assert first.returncode == 0, first.stderr[-4000:]
     summary = _summary(run)
-    assert summary["topology"] == "2 learner + 2 env rank(s), 8 envs, 4 learner device(s)"
+    assert summary["topology"] == "2 learner + 2 env rank(s), 8 envs, 2 learner device(s)"
     assert summary["hosts"] == {socket.gethostname(): [0, 1, 2, 3]}
     assert summary["episode_return_mean"] >= 475
     assert summary["env_steps"] <= 100_000
@@ -114,8 +118,8 @@ def test_two_learners_learn_cartpole_and_checkpoints_move_between_two_learners_a
     assert len((run / "metrics.jsonl").read_text().splitlines()) == summary["updates"]
     saved = [e for e in read_events(run) if e["event"] == "checkpoint"][-1]
 
-    # Saved by 2 learners (4 devices), resumed by 1 (2 devices): the same state goes on.
-    second = _train(run_dir, 1, 3, "--resume", str(run))
+    # Saved by 2 learners (2 devices), resumed by 1 (1 device): the same state goes on.
+    second = _train(run_dir, 1, 3, "--resume", str(run), devices=1)
     assert second.returncode == 0, second.stderr[-4000:]
     resumed = [e for e in read_events(run) if e["event"] == "resume"][-1]
     assert resumed["update"] == saved["update"]
@@ -124,7 +128,7 @@ def test_two_learners_learn_cartpole_and_checkpoints_move_between_two_learners_a
     saved = [e for e in read_events(run) if e["event"] == "checkpoint"][-1]
 
     # And back to 2 learners.
-    third = _train(run_dir, 2, 4, "--resume", str(run))
+    third = _train(run_dir, 2, 4, "--resume", str(run), devices=1)
     assert third.returncode == 0, third.stderr[-4000:]
     resumed = [e for e in read_events(run) if e["event"] == "resume"][-1]
     assert resumed["update"] == saved["update"] > summary["updates"]

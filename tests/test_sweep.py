@@ -271,23 +271,24 @@ def _sweep_processes(folder: Path) -> list[str]:
 
 @pytest.mark.slow
 def test_grid_sweep_is_killed_resumed_and_tabled(tmp_path):
-    """A 2x2 grid with 2 seeds, two trials at a time: SIGKILL the sweep once some trials have
-    finished; its trials stop with it; the same command resumes without redoing the finished
-    ones, and the tables have a row per trial and per config."""
+    """A grid of two configs with 2 seeds, two trials at a time: SIGKILL the sweep once a
+    trial has finished; its trials stop with it; the same command resumes without redoing the
+    finished ones, and the tables have a row per trial and per config. (The expansion of
+    several parameters is test_grid_expands_seed_major_with_every_combination's.)"""
     path = _sweep_file(
         tmp_path,
         name="grid",
         set=TRIAL_BUDGET,
-        parameters={"algorithm.learning_rate": [1e-3, 3e-4], "algorithm.clip_eps": [0.1, 0.2]},
+        parameters={"algorithm.clip_eps": [0.1, 0.2]},
         seeds=2,
         parallel=2,
     )
     folder = tmp_path / "runs" / "grid"
     sweep = start_job(agentenv_command("sweep", str(path)), cwd=tmp_path)
     deadline = time.monotonic() + 240
-    while len(_summaries(folder)) < 3:
+    while not _summaries(folder):
         assert sweep.poll() is None, sweep.communicate()
-        assert time.monotonic() < deadline, "the sweep finished no 3 trials in time"
+        assert time.monotonic() < deadline, "the sweep finished no trial in time"
         time.sleep(0.1)
     os.kill(sweep.pid, signal.SIGKILL)
     sweep.communicate()
@@ -296,24 +297,24 @@ def test_grid_sweep_is_killed_resumed_and_tabled(tmp_path):
         assert time.monotonic() < deadline, _sweep_processes(folder)
         time.sleep(0.2)
     before = _summaries(folder)
-    assert 3 <= len(before) < 8, "kill the sweep mid-way"
+    assert 1 <= len(before) < 4, "kill the sweep mid-way"
 
     resumed = run_command(agentenv_command("sweep", str(path)), timeout=300, cwd=tmp_path)
     assert resumed.returncode == 0, resumed.stdout + resumed.stderr
-    assert f"{len(before)} finished earlier, {8 - len(before)} to run" in resumed.stdout
+    assert f"{len(before)} finished earlier, {4 - len(before)} to run" in resumed.stdout
     after = _summaries(folder)
-    assert len(after) == 8
+    assert len(after) == 4
     assert all(after[name] == mtime for name, mtime in before.items()), "a trial was redone"
 
     trials = _read_csv(folder / "trials.csv")
     assert [(r["config"], r["seed"], r["status"]) for r in trials] == [
-        (str(c), str(s), "finished") for s in (0, 1) for c in range(4)
+        (str(c), str(s), "finished") for s in (0, 1) for c in range(2)
     ]
     assert all(float(r["env_steps"]) >= 1024 for r in trials)
     # The second seed of a config fetches its programs from the sweep's compilation cache.
-    assert all(int(r["compile_cache_hits"]) > 0 for r in trials[4:])
+    assert all(int(r["compile_cache_hits"]) > 0 for r in trials[2:])
     configs = _read_csv(folder / "configs.csv")
-    assert sorted(r["config"] for r in configs) == ["0", "1", "2", "3"]
+    assert sorted(r["config"] for r in configs) == ["0", "1"]
     assert all(r["seeds"] == "2/2" for r in configs)
     iqms = [float(r["episode_return_mean_iqm"]) for r in configs]
     assert iqms == sorted(iqms, reverse=True)
@@ -322,18 +323,18 @@ def test_grid_sweep_is_killed_resumed_and_tabled(tmp_path):
         assert float(row["episode_return_mean_iqm"]) == pytest.approx(np.mean(returns), rel=1e-3)
         assert float(row["ci_low"]) <= float(row["episode_return_mean_iqm"])
     results = (folder / "results.md").read_text()
-    assert "8 of 8 trials finished" in results and results.count("| finished |") == 8
+    assert "4 of 4 trials finished" in results and results.count("| finished |") == 4
 
     again = run_command(agentenv_command("sweep", str(path)), timeout=120, cwd=tmp_path)
-    assert "8 finished earlier, 0 to run" in again.stdout and _summaries(folder) == after
+    assert "4 finished earlier, 0 to run" in again.stdout and _summaries(folder) == after
 
     loaded = ae.load_sweep(folder)  # the tables as the Python API reads them back
     assert loaded.scores() == {
         c: [float(t["episode_return_mean"]) for t in trials if t["config"] == str(c)]
-        for c in range(4)
+        for c in range(2)
     }
-    assert [run.run_dir.name for run in loaded.runs(config=2)] == [
-        t["trial"] for t in trials if t["config"] == "2"
+    assert [run.run_dir.name for run in loaded.runs(config=1)] == [
+        t["trial"] for t in trials if t["config"] == "1"
     ]
 
 
