@@ -23,10 +23,20 @@ from agentenv_jax.runtime.mpi_job import environment_without_launcher, find_mpie
 REPO = Path(__file__).resolve().parent.parent
 EXPERIMENTS = REPO / "experiments"
 
-# One JAX compilation cache for the whole test session (this process and every job it starts),
-# not the user's: tests that compile the same programs share them, and nothing is left behind
-# in ~/.cache.
-os.environ.setdefault(CACHE_DIR_VARIABLE, tempfile.mkdtemp(prefix="agentenv-test-cache-"))
+
+def _session_cache_folder() -> str:
+    """One JAX compilation cache for the whole test session (every pytest-xdist worker of it,
+    by the run's id, and every job they start), not the user's: tests that compile the same
+    programs share them, and nothing is left behind in ~/.cache."""
+    run = os.environ.get("PYTEST_XDIST_TESTRUNUID")
+    if run is None:
+        return tempfile.mkdtemp(prefix="agentenv-test-cache-")
+    folder = Path(tempfile.gettempdir()) / f"agentenv-test-cache-{run}"
+    folder.mkdir(exist_ok=True)
+    return str(folder)
+
+
+os.environ.setdefault(CACHE_DIR_VARIABLE, _session_cache_folder())
 
 
 def mpiexec_path() -> str:
@@ -188,6 +198,19 @@ def _unmarked_message(item: pytest.Item, what: str) -> str:
 
 def _is_slow(item: pytest.Item) -> bool:
     return item.get_closest_marker("slow") is not None
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Modules with the most slow tests first, each module's tests in their own order.
+
+    pytest-xdist's `--dist loadfile` hands whole modules to its workers in this order as each
+    becomes free: a module of several minutes handed out last would run on alone after the
+    others had finished. The count of slow tests stands in for a module's running time."""
+    slow: dict[str, int] = {}
+    for item in items:
+        slow[item.path.name] = slow.get(item.path.name, 0) + _is_slow(item)
+    position = {module: index for index, module in enumerate(slow)}
+    items.sort(key=lambda item: (-slow[item.path.name], position[item.path.name]))
 
 
 def _launching(what: str) -> None:
