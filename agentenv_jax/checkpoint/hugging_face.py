@@ -1,0 +1,125 @@
+"""Reading a local Hugging Face model folder: `config.json` and the weights in
+`model.safetensors`, or in the shards a `model.safetensors.index.json` lists, read with the
+`safetensors` library into host arrays in the layout of `networks.llama`."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from pathlib import Path
+
+import numpy as np
+
+from agentenv_jax.config.errors import ConfigError
+from agentenv_jax.networks.llama import LlamaSpec, Params, parameter_shapes, spec_from_config
+
+_INDEX = "model.safetensors.index.json"
+_SINGLE = "model.safetensors"
+
+# Each parameter of a layer: the checkpoint's tensor (after `model.layers.{i}.`), and whether
+# it is a torch `Linear.weight` (`[out, in]`, stored here transposed).
+_LAYER_TENSORS = {
+    "input_layernorm": ("input_layernorm.weight", False),
+    "q_proj": ("self_attn.q_proj.weight", True),
+    "k_proj": ("self_attn.k_proj.weight", True),
+    "v_proj": ("self_attn.v_proj.weight", True),
+    "o_proj": ("self_attn.o_proj.weight", True),
+    "q_bias": ("self_attn.q_proj.bias", False),
+    "k_bias": ("self_attn.k_proj.bias", False),
+    "v_bias": ("self_attn.v_proj.bias", False),
+    "o_bias": ("self_attn.o_proj.bias", False),
+    "q_norm": ("self_attn.q_norm.weight", False),
+    "k_norm": ("self_attn.k_norm.weight", False),
+    "post_attention_layernorm": ("post_attention_layernorm.weight", False),
+    "gate_proj": ("mlp.gate_proj.weight", True),
+    "up_proj": ("mlp.up_proj.weight", True),
+    "down_proj": ("mlp.down_proj.weight", True),
+    "gate_bias": ("mlp.gate_proj.bias", False),
+    "up_bias": ("mlp.up_proj.bias", False),
+    "down_bias": ("mlp.down_proj.bias", False),
+}
+
+
+def read_spec(folder: str | Path) -> LlamaSpec:
+    """The model spec of folder `folder`'s `config.json`."""
+    path = Path(folder) / "config.json"
+    if not path.is_file():
+        raise ConfigError(
+            f"{folder}: no config.json; a Hugging Face model folder holds config.json and "
+            f"{_SINGLE} (or {_INDEX} and its shards)"
+        )
+    try:
+        config = json.loads(path.read_text())
+    except json.JSONDecodeError as err:
+        raise ConfigError(f"{path}: not valid JSON ({err})") from None
+    return spec_from_config(config, str(path))
+
+
+def _tensor_files(folder: Path) -> dict[str, Path]:
+    """Which file holds each tensor."""
+    if (folder / _INDEX).is_file():
+        weight_map = json.loads((folder / _INDEX).read_text())["weight_map"]
+        return {name: folder / file for name, file in weight_map.items()}
+    if (folder / _SINGLE).is_file():
+        from safetensors import safe_open
+
+        with safe_open(folder / _SINGLE, framework="numpy") as file:
+            return dict.fromkeys(file.keys(), folder / _SINGLE)
+    raise ConfigError(f"{folder}: no {_SINGLE} or {_INDEX}")
+
+
+def read_tensors(folder: str | Path) -> dict[str, np.ndarray]:
+    """Every tensor of the folder's safetensors files, by its name in the checkpoint."""
+    from safetensors import safe_open
+
+    by_file: dict[Path, list[str]] = {}
+    for name, path in _tensor_files(Path(folder)).items():
+        by_file.setdefault(path, []).append(name)
+    tensors: dict[str, np.ndarray] = {}
+    for path, names in by_file.items():
+        with safe_open(path, framework="numpy") as file:
+            tensors |= {name: file.get_tensor(name) for name in names}
+    return tensors
+
+
+def params_from_tensors(spec: LlamaSpec, tensors: Mapping[str, np.ndarray], where: str) -> Params:
+    """The `networks.llama` parameters from a checkpoint's tensors; `ConfigError` naming the
+    tensor that is missing or whose shape does not fit `spec`."""
+    shapes = parameter_shapes(spec)
+
+    def take(name: str, shape: tuple[int, ...], transpose: bool) -> np.ndarray:
+        if name not in tensors:
+            raise ConfigError(f"{where}: tensor {name!r} is missing")
+        value = tensors[name].T if transpose else tensors[name]
+        if value.shape != shape:
+            stored = tensors[name].shape
+            wanted = shape[::-1] if transpose else shape
+            raise ConfigError(
+                f"{where}: tensor {name!r} has shape {list(stored)}; config.json implies "
+                f"{list(wanted)}"
+            )
+        return value
+
+    layers = {}
+    for key, shape in shapes["layers"].items():
+        suffix, transpose = _LAYER_TENSORS[key]
+        layers[key] = np.stack(
+            [
+                take(f"model.layers.{i}.{suffix}", shape[1:], transpose)
+                for i in range(spec.num_layers)
+            ]
+        )
+    params: Params = {
+        "embed_tokens": take("model.embed_tokens.weight", shapes["embed_tokens"], False),
+        "layers": layers,
+        "norm": take("model.norm.weight", shapes["norm"], False),
+    }
+    if not spec.tie_word_embeddings:
+        params["lm_head"] = take("lm_head.weight", shapes["lm_head"], True)
+    return params
+
+
+def load_folder(folder: str | Path) -> tuple[LlamaSpec, Params]:
+    """The spec and host parameters of a local Hugging Face model folder."""
+    spec = read_spec(folder)
+    return spec, params_from_tensors(spec, read_tensors(folder), str(folder))

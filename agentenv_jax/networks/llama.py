@@ -1,0 +1,264 @@
+"""The Llama family of decoder-only transformers (Llama 2 and 3, SmolLM2, Qwen2, Qwen3) as pure
+JAX functions, configured by a Hugging Face checkpoint's own `config.json`.
+
+What the members differ in is a field of `LlamaSpec`: grouped-query attention (fewer key/value
+heads than query heads), q/k/v biases (Qwen2), RMS norms of each head's queries and keys
+(Qwen3), tied or separate output embeddings, and the rotary embedding's base and scaling
+(Llama 3's). The parameters are a pytree of arrays named after the checkpoint's tensors, with
+the layers stacked on a leading axis so that one `lax.scan` runs them (one layer compiled, not
+`num_layers`); matrices are stored `[in, out]`, the transpose of torch's `Linear.weight`.
+
+Positions are counted over the real tokens of each row (`mask`), so a left-padded prompt has
+the same positions as the unpadded one: the convention of `transformers`' `generate`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Mapping
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from agentenv_jax.config.errors import ConfigError
+
+SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "qwen3")
+_ROPE_TYPES = ("default", "linear", "llama3")
+
+Params = dict[str, Any]
+
+
+@dataclasses.dataclass(frozen=True)
+class RopeScaling:
+    """How the rotary embedding's frequencies are rescaled for long contexts: "linear"
+    divides every frequency by `factor`; "llama3" divides only the low ones, blending between
+    `low_freq_factor` and `high_freq_factor` wavelengths of the original context."""
+
+    rope_type: str
+    factor: float = 1.0
+    low_freq_factor: float = 1.0
+    high_freq_factor: float = 4.0
+    original_max_position_embeddings: int = 8192
+
+
+@dataclasses.dataclass(frozen=True)
+class LlamaSpec:
+    model_type: str
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    rms_norm_eps: float
+    rope_theta: float
+    rope_scaling: RopeScaling | None
+    qkv_bias: bool  # biases on the query, key and value projections
+    output_bias: bool  # a bias on the attention's output projection (Llama's attention_bias)
+    mlp_bias: bool
+    qk_norm: bool  # RMS norms of each head's queries and keys, before the rotation (Qwen3)
+    tie_word_embeddings: bool
+    max_position_embeddings: int
+
+
+def _rope_settings(config: Mapping[str, Any], where: str) -> tuple[float, RopeScaling | None]:
+    # transformers 5 writes `rope_parameters`; checkpoints saved before it, `rope_theta` and
+    # `rope_scaling` at the top level.
+    parameters = dict(config.get("rope_parameters") or {})
+    theta = float(parameters.pop("rope_theta", config.get("rope_theta", 10000.0)))
+    scaling = parameters or dict(config.get("rope_scaling") or {})
+    rope_type = scaling.get("rope_type", scaling.get("type", "default"))
+    if rope_type not in _ROPE_TYPES:
+        raise ConfigError(
+            f"{where}: rope type {rope_type!r} is not supported; supported: "
+            f"{', '.join(_ROPE_TYPES)}"
+        )
+    if rope_type == "default":
+        return theta, None
+    fields = {f.name for f in dataclasses.fields(RopeScaling)}
+    return theta, RopeScaling(
+        **{k: v for k, v in scaling.items() if k in fields} | {"rope_type": rope_type}
+    )
+
+
+def spec_from_config(config: Mapping[str, Any], where: str = "config.json") -> LlamaSpec:
+    """The spec of a checkpoint's `config.json` (as a dict); `ConfigError` naming `where` for
+    a model type or setting this module does not implement."""
+    model_type = config.get("model_type")
+    if model_type not in SUPPORTED_MODEL_TYPES:
+        raise ConfigError(
+            f"{where}: model_type {model_type!r} is not supported; supported: "
+            f"{', '.join(SUPPORTED_MODEL_TYPES)}"
+        )
+    activation = config.get("hidden_act", "silu")
+    if activation != "silu":
+        raise ConfigError(f"{where}: hidden_act {activation!r} is not supported; supported: silu")
+    heads = int(config["num_attention_heads"])
+    theta, scaling = _rope_settings(config, where)
+    attention_bias = bool(config.get("attention_bias", False))
+    return LlamaSpec(
+        model_type=model_type,
+        vocab_size=int(config["vocab_size"]),
+        hidden_size=int(config["hidden_size"]),
+        intermediate_size=int(config["intermediate_size"]),
+        num_layers=int(config["num_hidden_layers"]),
+        num_heads=heads,
+        num_kv_heads=int(config.get("num_key_value_heads") or heads),
+        head_dim=int(config.get("head_dim") or config["hidden_size"] // heads),
+        rms_norm_eps=float(config.get("rms_norm_eps", 1e-6)),
+        rope_theta=theta,
+        rope_scaling=scaling,
+        qkv_bias=model_type == "qwen2" or attention_bias,
+        output_bias=model_type == "llama" and attention_bias,
+        mlp_bias=bool(config.get("mlp_bias", False)),
+        qk_norm=model_type == "qwen3",
+        tie_word_embeddings=bool(config.get("tie_word_embeddings", False)),
+        max_position_embeddings=int(config.get("max_position_embeddings", 2048)),
+    )
+
+
+def parameter_shapes(spec: LlamaSpec) -> Params:
+    """The shape of every parameter, in the layout `forward` takes."""
+    d, hd, layers = spec.hidden_size, spec.head_dim, spec.num_layers
+    q, kv, inner = spec.num_heads * hd, spec.num_kv_heads * hd, spec.intermediate_size
+    layer: dict[str, tuple[int, ...]] = {
+        "input_layernorm": (d,),
+        "q_proj": (d, q),
+        "k_proj": (d, kv),
+        "v_proj": (d, kv),
+        "o_proj": (q, d),
+        "post_attention_layernorm": (d,),
+        "gate_proj": (d, inner),
+        "up_proj": (d, inner),
+        "down_proj": (inner, d),
+    }
+    if spec.qkv_bias:
+        layer |= {"q_bias": (q,), "k_bias": (kv,), "v_bias": (kv,)}
+    if spec.output_bias:
+        layer |= {"o_bias": (d,)}
+    if spec.mlp_bias:
+        layer |= {"gate_bias": (inner,), "up_bias": (inner,), "down_bias": (d,)}
+    if spec.qk_norm:
+        layer |= {"q_norm": (hd,), "k_norm": (hd,)}
+    shapes: Params = {
+        "embed_tokens": (spec.vocab_size, d),
+        "layers": {name: (layers, *shape) for name, shape in layer.items()},
+        "norm": (d,),
+    }
+    if not spec.tie_word_embeddings:
+        shapes["lm_head"] = (d, spec.vocab_size)
+    return shapes
+
+
+def rope_frequencies(spec: LlamaSpec) -> np.ndarray:
+    """The rotary embedding's `head_dim / 2` angular frequencies, rescaled as the spec says."""
+    exponents = np.arange(0, spec.head_dim, 2, dtype=np.float64) / spec.head_dim
+    frequencies = 1.0 / spec.rope_theta**exponents
+    scaling = spec.rope_scaling
+    if scaling is None:
+        return frequencies.astype(np.float32)
+    if scaling.rope_type == "linear":
+        return (frequencies / scaling.factor).astype(np.float32)
+    original = scaling.original_max_position_embeddings
+    wavelengths = 2 * math.pi / frequencies
+    low_wavelength = original / scaling.low_freq_factor
+    high_wavelength = original / scaling.high_freq_factor
+    smooth = (original / wavelengths - scaling.low_freq_factor) / (
+        scaling.high_freq_factor - scaling.low_freq_factor
+    )
+    blended = (1 - smooth) * frequencies / scaling.factor + smooth * frequencies
+    scaled = np.where(wavelengths > low_wavelength, frequencies / scaling.factor, frequencies)
+    between = (wavelengths >= high_wavelength) & (wavelengths <= low_wavelength)
+    return np.where(between, blended, scaled).astype(np.float32)
+
+
+def positions_of(mask: jax.Array) -> jax.Array:
+    """Each token's position among the real tokens of its row (0 for the padding before)."""
+    return jnp.maximum(jnp.cumsum(mask.astype(jnp.int32), axis=-1) - 1, 0)
+
+
+def _rms_norm(x: jax.Array, weight: jax.Array, eps: float) -> jax.Array:
+    # In float32 whatever the compute type, as the checkpoints were trained.
+    x32 = x.astype(jnp.float32)
+    normed = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + eps)
+    return weight.astype(x.dtype) * normed.astype(x.dtype)
+
+
+def _rotate(x: jax.Array, cos: jax.Array, sin: jax.Array) -> jax.Array:
+    """The rotary embedding on `[B, T, heads, head_dim]`, pairing element i with i + d/2."""
+    half = x.shape[-1] // 2
+    first, second = x[..., :half], x[..., half:]
+    rotated = jnp.concatenate([-second, first], axis=-1)
+    return (x * cos + rotated * sin).astype(x.dtype)
+
+
+def _project(x: jax.Array, layer: Params, name: str, dtype: jnp.dtype) -> jax.Array:
+    y = x @ layer[f"{name}_proj"].astype(dtype)
+    bias = layer.get(f"{name}_bias")
+    return y if bias is None else y + bias.astype(dtype)
+
+
+def _block(
+    spec: LlamaSpec,
+    x: jax.Array,
+    layer: Params,
+    cos: jax.Array,
+    sin: jax.Array,
+    allowed: jax.Array,
+    dtype: jnp.dtype,
+) -> jax.Array:
+    batch, length, _ = x.shape
+    hd, kv_heads = spec.head_dim, spec.num_kv_heads
+    groups = spec.num_heads // kv_heads
+    h = _rms_norm(x, layer["input_layernorm"], spec.rms_norm_eps)
+    q = _project(h, layer, "q", dtype).reshape(batch, length, spec.num_heads, hd)
+    k = _project(h, layer, "k", dtype).reshape(batch, length, kv_heads, hd)
+    v = _project(h, layer, "v", dtype).reshape(batch, length, kv_heads, hd)
+    if spec.qk_norm:
+        q = _rms_norm(q, layer["q_norm"], spec.rms_norm_eps)
+        k = _rms_norm(k, layer["k_norm"], spec.rms_norm_eps)
+    q, k = _rotate(q, cos, sin), _rotate(k, cos, sin)
+    # Grouped-query attention: each key/value head serves `groups` consecutive query heads.
+    q = q.reshape(batch, length, kv_heads, groups, hd)
+    scores = jnp.einsum("btkgd,bskd->bkgts", q, k).astype(jnp.float32) / math.sqrt(hd)
+    scores = jnp.where(allowed[:, None, None], scores, jnp.finfo(jnp.float32).min)
+    weights = jax.nn.softmax(scores, axis=-1).astype(dtype)
+    attended = jnp.einsum("bkgts,bskd->btkgd", weights, v).reshape(batch, length, -1)
+    x = x + _project(attended, layer, "o", dtype)
+    h = _rms_norm(x, layer["post_attention_layernorm"], spec.rms_norm_eps)
+    gated = jax.nn.silu(_project(h, layer, "gate", dtype)) * _project(h, layer, "up", dtype)
+    return x + _project(gated, layer, "down", dtype)
+
+
+def hidden_states(
+    spec: LlamaSpec, params: Params, tokens: jax.Array, mask: jax.Array, dtype=jnp.float32
+) -> jax.Array:
+    """The final normed hidden state `[B, T, hidden]` of `tokens` `[B, T]`, where `mask` is 1
+    at real tokens (padding on the left); each token attends to the real tokens up to it."""
+    positions = positions_of(mask)
+    angles = positions[..., None].astype(jnp.float32) * jnp.asarray(rope_frequencies(spec))
+    angles = jnp.concatenate([angles, angles], axis=-1)[:, :, None, :]
+    cos, sin = jnp.cos(angles).astype(dtype), jnp.sin(angles).astype(dtype)
+    length = tokens.shape[1]
+    causal = jnp.tril(jnp.ones((length, length), bool))
+    allowed = causal[None] & mask.astype(bool)[:, None, :]
+    x = params["embed_tokens"][tokens].astype(dtype)
+
+    def step(x: jax.Array, layer: Params) -> tuple[jax.Array, None]:
+        return _block(spec, x, layer, cos, sin, allowed, dtype), None
+
+    x, _ = jax.lax.scan(step, x, params["layers"])
+    return _rms_norm(x, params["norm"], spec.rms_norm_eps)
+
+
+def logits(
+    spec: LlamaSpec, params: Params, tokens: jax.Array, mask: jax.Array, dtype=jnp.float32
+) -> jax.Array:
+    """Next-token logits `[B, T, vocab]` (float32) at every position of `tokens`."""
+    h = hidden_states(spec, params, tokens, mask, dtype)
+    head = params["embed_tokens"].T if spec.tie_word_embeddings else params["lm_head"]
+    return (h @ head.astype(dtype)).astype(jnp.float32)

@@ -1,0 +1,120 @@
+"""The Llama family in JAX against `transformers` itself: tiny random llama (grouped-query
+attention, Llama 3 rope scaling), qwen2 (q/k/v biases, tied embeddings) and qwen3 (q/k norms,
+a head size of its own) models, built and saved with `save_pretrained` here (nothing is
+downloaded), load from their folders and give transformers' logits on left-padded batches."""
+
+from __future__ import annotations
+
+import json
+
+import jax
+import numpy as np
+import pytest
+
+from agentenv_jax.checkpoint.hugging_face import load_folder
+from agentenv_jax.config.errors import ConfigError
+from agentenv_jax.networks.llama import logits, positions_of
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+SMALL = dict(
+    vocab_size=97,
+    hidden_size=64,
+    intermediate_size=112,
+    num_hidden_layers=3,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=256,
+    rms_norm_eps=1e-5,
+    initializer_range=0.2,  # logits of order one, so that a wrong detail shows
+)
+FAMILIES = {
+    "llama": (
+        "LlamaConfig",
+        "LlamaForCausalLM",
+        {
+            "rope_parameters": {
+                "rope_type": "llama3",
+                "rope_theta": 50000.0,
+                "factor": 8.0,
+                "low_freq_factor": 1.0,
+                "high_freq_factor": 4.0,
+                "original_max_position_embeddings": 16,
+            }
+        },
+    ),
+    "qwen2": ("Qwen2Config", "Qwen2ForCausalLM", {"tie_word_embeddings": True}),
+    "qwen3": ("Qwen3Config", "Qwen3ForCausalLM", {"head_dim": 24}),
+}
+
+
+def _save_random_model(family: str, folder, **saving) -> torch.nn.Module:
+    config_class, model_class, extra = FAMILIES[family]
+    config = getattr(transformers, config_class)(**SMALL, **extra)
+    torch.manual_seed(0)
+    model = getattr(transformers, model_class)(config).eval()
+    model.save_pretrained(folder, **saving)
+    return model
+
+
+def _left_padded_batch() -> tuple[np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(3)
+    lengths = [11, 7, 2]
+    tokens = np.zeros((3, 11), np.int32)
+    mask = np.zeros((3, 11), np.int32)
+    for row, n in enumerate(lengths):
+        tokens[row, -n:] = rng.integers(1, SMALL["vocab_size"], n)
+        mask[row, -n:] = 1
+    return tokens, mask
+
+
+def _transformers_logits(model, tokens: np.ndarray, mask: np.ndarray) -> np.ndarray:
+    positions = np.asarray(positions_of(mask))
+    with torch.no_grad():
+        out = model(
+            input_ids=torch.from_numpy(tokens).long(),
+            attention_mask=torch.from_numpy(mask).long(),
+            position_ids=torch.from_numpy(positions).long(),
+        )
+    return out.logits.float().numpy()
+
+
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_a_saved_random_model_gives_transformers_logits(family, tmp_path):
+    model = _save_random_model(family, tmp_path)
+    spec, params = load_folder(tmp_path)
+    assert spec.model_type == family
+    tokens, mask = _left_padded_batch()
+    ours = np.asarray(jax.jit(logits, static_argnums=0)(spec, params, tokens, mask))
+    theirs = _transformers_logits(model, tokens, mask)
+    real = mask.astype(bool)
+    assert np.abs(theirs[real]).max() > 0.5  # far from zero: a difference would show
+    np.testing.assert_allclose(ours[real], theirs[real], atol=1e-4, rtol=0)
+
+
+def test_a_sharded_checkpoint_loads_the_same_model(tmp_path):
+    model = _save_random_model("llama", tmp_path / "one")
+    model.save_pretrained(tmp_path / "sharded", max_shard_size="40KB")
+    assert (tmp_path / "sharded" / "model.safetensors.index.json").is_file()
+    assert len(list((tmp_path / "sharded").glob("model-*.safetensors"))) > 1
+    spec, sharded = load_folder(tmp_path / "sharded")
+    tokens, mask = _left_padded_batch()
+    theirs = _transformers_logits(model, tokens, mask)
+    ours = np.asarray(logits(spec, sharded, tokens, mask))
+    np.testing.assert_allclose(ours[mask == 1], theirs[mask == 1], atol=1e-4, rtol=0)
+
+
+def test_bad_model_folders_are_named_with_what_is_wrong(tmp_path):
+    with pytest.raises(ConfigError, match=r"no config\.json"):
+        load_folder(tmp_path)
+    _save_random_model("qwen2", tmp_path)
+    config = json.loads((tmp_path / "config.json").read_text())
+    (tmp_path / "config.json").write_text(json.dumps(config | {"model_type": "gpt2"}))
+    with pytest.raises(ConfigError, match=r"model_type 'gpt2' is not supported; supported: llama"):
+        load_folder(tmp_path)
+    (tmp_path / "config.json").write_text(json.dumps(config | {"intermediate_size": 100}))
+    with pytest.raises(
+        ConfigError, match=r"'model\.layers\.0\.mlp\.gate_proj\.weight' has shape \[112, 64\]"
+    ):
+        load_folder(tmp_path)
