@@ -86,9 +86,8 @@ def sac_batch(rng: np.random.Generator, rows: int) -> dict[str, np.ndarray]:
     }
 
 
-def run_sac_updates(mesh, batch) -> tuple[list[np.ndarray], list[np.ndarray]]:
+def run_sac_updates(config, mesh, batch) -> tuple[list[np.ndarray], list[np.ndarray]]:
     """The SAC state's leaves before and after `UPDATES` updates on `batch`."""
-    config = load_config("pendulum_sac", [])
     shapes = {name: jax.ShapeDtypeStruct(v.shape, v.dtype) for name, v in batch.items()}
     training = make_sac_training(config, PENDULUM, mesh, shapes)
     state = training.initial_state
@@ -110,15 +109,16 @@ def sac_results(group_index: int) -> dict[str, float]:
     """How far the SAC state updated on the 2-process mesh (one device of each) is from the
     one-device update, and how far the updates moved it, over every float leaf (networks,
     targets, optimizer moments, alpha)."""
-    rows = load_config("pendulum_sac", []).algorithm.batch_size
+    config = load_config("pendulum_sac", [])
+    rows = config.algorithm.batch_size
     batch = sac_batch(np.random.default_rng(11), rows)
     assert set(BATCH_FIELDS) < set(batch)
     global_mesh = make_mesh(1)  # the first device of each process, as with devices=1
     row_sharding = NamedSharding(global_mesh, PartitionSpec(BATCH_AXIS))
     half = slice(group_index * rows // 2, (group_index + 1) * rows // 2)
     global_batch = {name: to_global(row_sharding, v[half]) for name, v in batch.items()}
-    initial, on_two = run_sac_updates(global_mesh, global_batch)
-    _, on_one = run_sac_updates(make_mesh(1, jax.local_devices()[:1]), batch)
+    initial, on_two = run_sac_updates(config, global_mesh, global_batch)
+    _, on_one = run_sac_updates(config, make_mesh(1, jax.local_devices()[:1]), batch)
     return {
         "sac_mesh_devices": len(global_mesh.devices.flat),
         "sac_max_param_diff": largest_difference(on_two, on_one),

