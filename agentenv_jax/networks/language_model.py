@@ -159,7 +159,7 @@ class LanguageModel(NamedTuple):
     - `context_value(params, context [B, L], pad_id) -> [B]`.
     """
 
-    spec: LanguageModelSpec
+    spec: Any  # LanguageModelSpec, or a pretrained family's (`networks.llama_policy`)
     init: Callable[[jax.Array], Params]
     param_shapes: Callable[[], Any]
     apply: Callable[[Params, jax.Array, jax.Array], tuple[jax.Array, jax.Array]]
@@ -258,6 +258,63 @@ def response_mask(response: jax.Array, eos_id: int) -> jax.Array:
     is_eos = (response == eos_id).astype(jnp.int32)
     eos_before = jnp.cumsum(is_eos, axis=1) - is_eos
     return (eos_before == 0).astype(jnp.float32)
+
+
+def prefilled(cache: KVCache, kv: dict[str, tuple[jax.Array, jax.Array]], mask: jax.Array):
+    """`cache` with a context's keys and values `kv` (per trunk, `[layers, B, L, ...]`) and its
+    `mask` `[B, L]` written into slots `[0, L)`."""
+    at = (0,) * cache.keys[next(iter(kv))].ndim
+    return KVCache(
+        keys={
+            n: jax.lax.dynamic_update_slice(cache.keys[n], kv[n][0].astype(cache.keys[n].dtype), at)
+            for n in kv
+        },
+        values={
+            n: jax.lax.dynamic_update_slice(
+                cache.values[n], kv[n][1].astype(cache.values[n].dtype), at
+            )
+            for n in kv
+        },
+        mask=jax.lax.dynamic_update_slice(cache.mask, mask.astype(jnp.int32), (0, 0)),
+    )
+
+
+def scoring_functions(
+    apply: Callable[[Params, jax.Array, jax.Array], tuple[jax.Array, jax.Array]],
+) -> tuple[Callable[..., TokenScores], Callable[[Params, jax.Array, int], jax.Array]]:
+    """A `LanguageModel`'s `score` and `context_value`, from its `apply` (any model family)."""
+
+    def score(
+        params: Params, context: jax.Array, response: jax.Array, pad_id: int, eos_id: int
+    ) -> TokenScores:
+        """Log-probs, values and entropies of `response` `[B, M]` after `context` `[B, L]` (one
+        pass over both): entry i is read at the position that predicts response token i (L - 1
+        for i = 0), so `values[:, i]` is the value of the state before token i."""
+        context_length, response_length = context.shape[1], response.shape[1]
+        mask = response_mask(response, eos_id)
+        tokens = jnp.concatenate([context, response], axis=1)
+        token_mask = jnp.concatenate(
+            [(context != pad_id).astype(jnp.int32), mask.astype(jnp.int32)], axis=1
+        )
+        logits, values = apply(params, tokens, token_mask)
+        before = slice(context_length - 1, context_length + response_length - 1)
+        log_policy = jax.nn.log_softmax(policy_logits(logits[:, before], pad_id), axis=-1)
+        log_probs = jnp.take_along_axis(log_policy, response[..., None], axis=-1)[..., 0]
+        entropy = -jnp.sum(jnp.exp(log_policy) * log_policy, axis=-1)
+        real = mask > 0
+        return TokenScores(
+            log_probs=jnp.where(real, log_probs, 0.0),
+            values=jnp.where(real, values[:, before], 0.0),
+            entropy=jnp.where(real, entropy, 0.0),
+            mask=mask,
+        )
+
+    def context_value(params: Params, context: jax.Array, pad_id: int) -> jax.Array:
+        """`[B]` float32: the value of the state after `context` `[B, L]` (score's values[:, 0])."""
+        _, values = apply(params, context, context != pad_id)
+        return values[:, -1]
+
+    return score, context_value
 
 
 # -- the forward pass ------------------------------------------------------------------------
@@ -429,13 +486,7 @@ def make_language_model(spec: LanguageModelSpec) -> LanguageModel:
         """Run the context `tokens` `[B, L]` (`mask` `[B, L]`) into slots `[0, L)` of `cache`:
         `(cache, logits [B, V], value [B])` at the last position, L - 1."""
         logits, values, kv = forward(params, tokens, mask)
-        at = (0, 0, 0, 0, 0)
-        cache = KVCache(
-            keys={n: jax.lax.dynamic_update_slice(cache.keys[n], kv[n][0], at) for n in kv},
-            values={n: jax.lax.dynamic_update_slice(cache.values[n], kv[n][1], at) for n in kv},
-            mask=jax.lax.dynamic_update_slice(cache.mask, mask.astype(jnp.int32), (0, 0)),
-        )
-        return cache, logits[:, -1], values[:, -1]
+        return prefilled(cache, kv, mask), logits[:, -1], values[:, -1]
 
     def decode(
         params: Params,
@@ -469,36 +520,7 @@ def make_language_model(spec: LanguageModelSpec) -> LanguageModel:
         logits, value = _heads(spec, params, hidden)
         return KVCache(keys, values, key_mask), logits[:, 0], value[:, 0]
 
-    def score(
-        params: Params, context: jax.Array, response: jax.Array, pad_id: int, eos_id: int
-    ) -> TokenScores:
-        """Log-probs, values and entropies of `response` `[B, M]` after `context` `[B, L]` (one
-        pass over both): entry i is read at the position that predicts response token i (L - 1
-        for i = 0), so `values[:, i]` is the value of the state before token i."""
-        context_length, response_length = context.shape[1], response.shape[1]
-        mask = response_mask(response, eos_id)
-        tokens = jnp.concatenate([context, response], axis=1)
-        token_mask = jnp.concatenate(
-            [(context != pad_id).astype(jnp.int32), mask.astype(jnp.int32)], axis=1
-        )
-        logits, values = apply(params, tokens, token_mask)
-        before = slice(context_length - 1, context_length + response_length - 1)
-        log_policy = jax.nn.log_softmax(policy_logits(logits[:, before], pad_id), axis=-1)
-        log_probs = jnp.take_along_axis(log_policy, response[..., None], axis=-1)[..., 0]
-        entropy = -jnp.sum(jnp.exp(log_policy) * log_policy, axis=-1)
-        real = mask > 0
-        return TokenScores(
-            log_probs=jnp.where(real, log_probs, 0.0),
-            values=jnp.where(real, values[:, before], 0.0),
-            entropy=jnp.where(real, entropy, 0.0),
-            mask=mask,
-        )
-
-    def context_value(params: Params, context: jax.Array, pad_id: int) -> jax.Array:
-        """`[B]` float32: the value of the state after `context` `[B, L]` (score's values[:, 0])."""
-        _, values = apply(params, context, context != pad_id)
-        return values[:, -1]
-
+    score, context_value = scoring_functions(apply)
     return LanguageModel(
         spec=spec,
         init=init,

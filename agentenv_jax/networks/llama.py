@@ -215,7 +215,13 @@ def _block(
     sin: jax.Array,
     allowed: jax.Array,
     dtype: jnp.dtype,
-) -> jax.Array:
+    cached: tuple[jax.Array, jax.Array, jax.Array] | None = None,
+) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """One block over `x` `[B, T, hidden]`: `(x, keys, values)`. Without `cached` the queries
+    attend over the T tokens' own keys and values (`allowed` `[B, T, T]`), which it returns;
+    with `cached = (keys, values, index)` (`[B, S, kv_heads, head_dim]` and a slot) the tokens'
+    keys and values are written at slots `index...` and the queries attend over all S slots
+    (`allowed` `[B, T, S]`), and it returns the updated cache."""
     batch, length, _ = x.shape
     hd, kv_heads = spec.head_dim, spec.num_kv_heads
     groups = spec.num_heads // kv_heads
@@ -227,16 +233,78 @@ def _block(
         q = _rms_norm(q, layer["q_norm"], spec.rms_norm_eps)
         k = _rms_norm(k, layer["k_norm"], spec.rms_norm_eps)
     q, k = _rotate(q, cos, sin), _rotate(k, cos, sin)
+    if cached is not None:
+        cache_keys, cache_values, index = cached
+        k = jax.lax.dynamic_update_slice(cache_keys, k.astype(cache_keys.dtype), (0, index, 0, 0))
+        v = jax.lax.dynamic_update_slice(
+            cache_values, v.astype(cache_values.dtype), (0, index, 0, 0)
+        )
     # Grouped-query attention: each key/value head serves `groups` consecutive query heads.
-    q = q.reshape(batch, length, kv_heads, groups, hd)
-    scores = jnp.einsum("btkgd,bskd->bkgts", q, k).astype(jnp.float32) / math.sqrt(hd)
-    scores = jnp.where(allowed[:, None, None], scores, jnp.finfo(jnp.float32).min)
+    grouped = q.reshape(batch, length, kv_heads, groups, hd)
+    scores = jnp.einsum("btkgd,bskd->bkgts", grouped, k.astype(dtype)).astype(jnp.float32)
+    scores = jnp.where(allowed[:, None, None], scores / math.sqrt(hd), jnp.finfo(jnp.float32).min)
     weights = jax.nn.softmax(scores, axis=-1).astype(dtype)
-    attended = jnp.einsum("bkgts,bskd->btkgd", weights, v).reshape(batch, length, -1)
-    x = x + _project(attended, layer, "o", dtype)
+    attended = jnp.einsum("bkgts,bskd->btkgd", weights, v.astype(dtype))
+    x = x + _project(attended.reshape(batch, length, -1), layer, "o", dtype)
     h = _rms_norm(x, layer["post_attention_layernorm"], spec.rms_norm_eps)
     gated = jax.nn.silu(_project(h, layer, "gate", dtype)) * _project(h, layer, "up", dtype)
-    return x + _project(gated, layer, "down", dtype)
+    return x + _project(gated, layer, "down", dtype), k, v
+
+
+def _rotary(spec: LlamaSpec, positions: jax.Array, dtype: jnp.dtype) -> tuple[jax.Array, ...]:
+    """cos and sin of the rotary angles of `positions` `[B, T]`: `[B, T, 1, head_dim]`."""
+    angles = positions[..., None].astype(jnp.float32) * jnp.asarray(rope_frequencies(spec))
+    angles = jnp.concatenate([angles, angles], axis=-1)[:, :, None, :]
+    return jnp.cos(angles).astype(dtype), jnp.sin(angles).astype(dtype)
+
+
+def run_layers(
+    spec: LlamaSpec,
+    params: Params,
+    tokens: jax.Array,
+    positions: jax.Array,
+    allowed: jax.Array,
+    dtype=jnp.float32,
+    cache: tuple[jax.Array, jax.Array, jax.Array] | None = None,
+) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """The final normed hidden state `[B, T, hidden]` of `tokens` at `positions` `[B, T]`, and
+    every layer's keys and values `[layers, B, ., kv_heads, head_dim]`. Without `cache` each
+    token attends where `allowed` `[B, T, T]` says, and the keys and values are the tokens'
+    own; with `cache = (keys, values, index)` they are written into the cache at slot `index`
+    and each token attends over its slots where `allowed` `[B, T, S]` says."""
+    cos, sin = _rotary(spec, positions, dtype)
+    x = params["embed_tokens"][tokens].astype(dtype)
+    if cache is None:
+
+        def fresh(x: jax.Array, layer: Params) -> tuple[jax.Array, tuple[jax.Array, jax.Array]]:
+            x, k, v = _block(spec, x, layer, cos, sin, allowed, dtype)
+            return x, (k, v)
+
+        x, (keys, values) = jax.lax.scan(fresh, x, params["layers"])
+    else:
+        cache_keys, cache_values, index = cache
+
+        # The cache rides in the carry and is updated in place, one layer's slots at a time.
+        def cached(carry: tuple, xs: tuple) -> tuple[tuple, None]:
+            x, keys, values = carry
+            layer, i = xs
+            x, k, v = _block(spec, x, layer, cos, sin, allowed, dtype, (keys[i], values[i], index))
+            keys = jax.lax.dynamic_update_index_in_dim(keys, k, i, axis=0)
+            values = jax.lax.dynamic_update_index_in_dim(values, v, i, axis=0)
+            return (x, keys, values), None
+
+        layer_index = jnp.arange(spec.num_layers)
+        (x, keys, values), _ = jax.lax.scan(
+            cached, (x, cache_keys, cache_values), (params["layers"], layer_index)
+        )
+    return _rms_norm(x, params["norm"], spec.rms_norm_eps), keys, values
+
+
+def causal_allowed(mask: jax.Array) -> jax.Array:
+    """`[B, T, T]` bool: token t may attend to token s <= t where s is real (`mask` 1)."""
+    length = mask.shape[1]
+    causal = jnp.tril(jnp.ones((length, length), bool))
+    return causal[None] & mask.astype(bool)[:, None, :]
 
 
 def hidden_states(
@@ -244,26 +312,18 @@ def hidden_states(
 ) -> jax.Array:
     """The final normed hidden state `[B, T, hidden]` of `tokens` `[B, T]`, where `mask` is 1
     at real tokens (padding on the left); each token attends to the real tokens up to it."""
-    positions = positions_of(mask)
-    angles = positions[..., None].astype(jnp.float32) * jnp.asarray(rope_frequencies(spec))
-    angles = jnp.concatenate([angles, angles], axis=-1)[:, :, None, :]
-    cos, sin = jnp.cos(angles).astype(dtype), jnp.sin(angles).astype(dtype)
-    length = tokens.shape[1]
-    causal = jnp.tril(jnp.ones((length, length), bool))
-    allowed = causal[None] & mask.astype(bool)[:, None, :]
-    x = params["embed_tokens"][tokens].astype(dtype)
+    hidden, _, _ = run_layers(spec, params, tokens, positions_of(mask), causal_allowed(mask), dtype)
+    return hidden
 
-    def step(x: jax.Array, layer: Params) -> tuple[jax.Array, None]:
-        return _block(spec, x, layer, cos, sin, allowed, dtype), None
 
-    x, _ = jax.lax.scan(step, x, params["layers"])
-    return _rms_norm(x, params["norm"], spec.rms_norm_eps)
+def output_logits(spec: LlamaSpec, params: Params, hidden: jax.Array, dtype=jnp.float32):
+    """Next-token logits (float32) of final hidden states `[..., hidden]`."""
+    head = params["embed_tokens"].T if spec.tie_word_embeddings else params["lm_head"]
+    return jnp.matmul(hidden.astype(dtype), head.astype(dtype), preferred_element_type=jnp.float32)
 
 
 def logits(
     spec: LlamaSpec, params: Params, tokens: jax.Array, mask: jax.Array, dtype=jnp.float32
 ) -> jax.Array:
     """Next-token logits `[B, T, vocab]` (float32) at every position of `tokens`."""
-    h = hidden_states(spec, params, tokens, mask, dtype)
-    head = params["embed_tokens"].T if spec.tie_word_embeddings else params["lm_head"]
-    return (h @ head.astype(dtype)).astype(jnp.float32)
+    return output_logits(spec, params, hidden_states(spec, params, tokens, mask, dtype), dtype)

@@ -1,0 +1,211 @@
+"""A model of the Llama family (`networks.llama`) as a text policy: the `LanguageModel` interface
+(apply, a KV cache with prefill and decode, score) with a value head on its final hidden state,
+so that generation, token-level PPO, central inference, meshes and checkpoints serve it as they
+serve the transformer trained from scratch.
+
+Parameters: `{"policy": <the checkpoint's tree>, "value_head": {"kernel": [hidden, 1], "bias":
+[1]}}`, and with `critic="separate"` a `"critic"` trunk of the same family (a copy of the
+pretrained one at the start) whose hidden state feeds the value head instead.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import zlib
+from typing import Any, Literal
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from agentenv_jax.networks.language_model import (
+    KVCache,
+    LanguageModel,
+    Params,
+    prefilled,
+    scoring_functions,
+)
+from agentenv_jax.networks.llama import (
+    LlamaSpec,
+    causal_allowed,
+    output_logits,
+    parameter_shapes,
+    positions_of,
+    run_layers,
+)
+
+_INIT_STD = 0.02  # of random weight matrices, as the family's configs' initializer_range
+_DTYPES = ("float32", "bfloat16")
+
+
+@dataclasses.dataclass(frozen=True)
+class LlamaPolicySpec:
+    """The static shape of a Llama-family text policy."""
+
+    model: LlamaSpec
+    max_length: int  # the longest sequence it runs: context + response
+    critic: Literal["shared", "separate"] = "shared"
+    dtype: str = "float32"  # compute dtype of the matmuls
+
+    def __post_init__(self) -> None:
+        if self.critic not in ("shared", "separate"):
+            raise ValueError(f"critic must be shared or separate, got {self.critic!r}")
+        if self.dtype not in _DTYPES:
+            raise ValueError(f"dtype must be one of {_DTYPES}, got {self.dtype!r}")
+
+    @property
+    def vocab_size(self) -> int:
+        return self.model.vocab_size
+
+    @property
+    def trunks(self) -> tuple[str, ...]:
+        return ("policy", "critic") if self.critic == "separate" else ("policy",)
+
+
+def value_head_shapes(spec: LlamaPolicySpec) -> dict[str, tuple[int, ...]]:
+    return {"kernel": (spec.model.hidden_size, 1), "bias": (1,)}
+
+
+def init_value_head(spec: LlamaPolicySpec, key: jax.Array) -> dict[str, np.ndarray]:
+    """The value head's first weights, drawn on the host from `key`: values start near 0 (the
+    final hidden state is RMS-normed, so a kernel std of 0.02 / sqrt(hidden) gives ~0.02)."""
+    hidden = spec.model.hidden_size
+    return {
+        "kernel": _draw(key, "value_head", (hidden, 1), _INIT_STD / math.sqrt(hidden)),
+        "bias": np.zeros((1,), np.float32),
+    }
+
+
+def _draw(key: jax.Array, name: str, shape: tuple[int, ...], std: float) -> np.ndarray:
+    words = np.asarray(jax.random.key_data(key), np.uint32).ravel().tolist()
+    rng = np.random.default_rng([*words, zlib.crc32(name.encode())])
+    return (rng.standard_normal(shape, np.float32) * np.float32(std)).astype(np.float32)
+
+
+def random_trunk(model: LlamaSpec, key: jax.Array, name: str = "policy") -> Params:
+    """Random weights of `model` drawn on the host (norms 1, biases 0, matrices normal with
+    std 0.02), for benchmarks and tests of sizes no checkpoint here has."""
+
+    def draw(path: Any, shape: tuple[int, ...]) -> np.ndarray:
+        leaf = jax.tree_util.keystr(path)
+        if "norm" in leaf:
+            return np.ones(shape, np.float32)
+        if "bias" in leaf:
+            return np.zeros(shape, np.float32)
+        return _draw(key, f"{name}{leaf}", shape, _INIT_STD)
+
+    return jax.tree_util.tree_map_with_path(
+        draw, parameter_shapes(model), is_leaf=lambda x: isinstance(x, tuple)
+    )
+
+
+def make_llama_policy(spec: LlamaPolicySpec) -> LanguageModel:
+    """The `LanguageModel` functions of a Llama-family policy with a value head."""
+    model, dtype = spec.model, jnp.dtype(spec.dtype)
+    value_trunk = "critic" if spec.critic == "separate" else "policy"
+    kv_shape = (model.num_layers, model.num_kv_heads, model.head_dim)
+
+    def heads(params: Params, hidden: dict[str, jax.Array]) -> tuple[jax.Array, jax.Array]:
+        logits = output_logits(model, params["policy"], hidden["policy"], dtype)
+        head = params["value_head"]
+        values = jnp.matmul(
+            hidden[value_trunk].astype(dtype),
+            head["kernel"].astype(dtype),
+            preferred_element_type=jnp.float32,
+        )
+        return logits, values[..., 0] + head["bias"][0]
+
+    def check_length(length: int, what: str) -> None:
+        if length > spec.max_length:
+            raise ValueError(
+                f"{what} of length {length} is longer than the policy's max_length = "
+                f"{spec.max_length}"
+            )
+
+    def init(key: jax.Array) -> Params:
+        params = {
+            trunk: random_trunk(model, jax.random.fold_in(key, i), trunk)
+            for i, trunk in enumerate(spec.trunks)
+        }
+        return params | {"value_head": init_value_head(spec, key)}
+
+    def param_shapes() -> Any:
+        shapes = {trunk: parameter_shapes(model) for trunk in spec.trunks}
+        shapes["value_head"] = value_head_shapes(spec)
+        return jax.tree.map(
+            lambda shape: jax.ShapeDtypeStruct(shape, jnp.float32),
+            shapes,
+            is_leaf=lambda x: isinstance(x, tuple),
+        )
+
+    def forward(params: Params, tokens: jax.Array, mask: jax.Array) -> tuple[Any, ...]:
+        check_length(tokens.shape[1], "a token sequence")
+        positions, allowed = positions_of(mask), causal_allowed(mask)
+        hidden, kv = {}, {}
+        for trunk in spec.trunks:
+            hidden[trunk], keys, values = run_layers(
+                model, params[trunk], tokens, positions, allowed, dtype
+            )
+            kv[trunk] = (keys, values)
+        logits, values = heads(params, hidden)
+        return logits, values, kv
+
+    def apply(params: Params, tokens: jax.Array, mask: jax.Array) -> tuple[jax.Array, jax.Array]:
+        logits, values, _ = forward(params, tokens, mask)
+        return logits, values
+
+    def init_cache(batch: int, length: int) -> KVCache:
+        check_length(length, "a KV cache")
+        layers, kv_heads, head_dim = kv_shape
+        shape = (layers, batch, length, kv_heads, head_dim)
+        return KVCache(
+            keys={trunk: jnp.zeros(shape, dtype) for trunk in spec.trunks},
+            values={trunk: jnp.zeros(shape, dtype) for trunk in spec.trunks},
+            mask=jnp.zeros((batch, length), jnp.int32),
+        )
+
+    def prefill(
+        params: Params, tokens: jax.Array, mask: jax.Array, cache: KVCache
+    ) -> tuple[KVCache, jax.Array, jax.Array]:
+        logits, values, kv = forward(params, tokens, mask)
+        return prefilled(cache, kv, mask), logits[:, -1], values[:, -1]
+
+    def decode(
+        params: Params,
+        cache: KVCache,
+        token: jax.Array,
+        index: jax.Array | int,
+        mask: jax.Array | None = None,
+    ) -> tuple[KVCache, jax.Array, jax.Array]:
+        batch, length = cache.mask.shape
+        real = jnp.ones((batch,), jnp.int32) if mask is None else mask.astype(jnp.int32)
+        key_mask = jax.lax.dynamic_update_slice(cache.mask, real[:, None], (0, index))
+        seen = (jnp.arange(length) <= index)[None] & (key_mask == 1)
+        position = jnp.maximum(jnp.sum(seen, axis=1) - 1, 0)[:, None]
+        hidden, keys, values = {}, {}, {}
+        for trunk in spec.trunks:
+            hidden[trunk], keys[trunk], values[trunk] = run_layers(
+                model,
+                params[trunk],
+                token[:, None],
+                position,
+                seen[:, None, :],
+                dtype,
+                (cache.keys[trunk], cache.values[trunk], index),
+            )
+        logits, value = heads(params, hidden)
+        return KVCache(keys, values, key_mask), logits[:, 0], value[:, 0]
+
+    score, context_value = scoring_functions(apply)
+    return LanguageModel(
+        spec=spec,
+        init=init,
+        param_shapes=param_shapes,
+        apply=apply,
+        init_cache=init_cache,
+        prefill=prefill,
+        decode=decode,
+        score=score,
+        context_value=context_value,
+    )
