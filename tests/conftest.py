@@ -250,6 +250,13 @@ def _install_launch_guard() -> None:
 
 _install_launch_guard()
 
+# matplotlib lists the fonts with fc-list on its first import on a machine (it caches them
+# after): done here, so that no test that imports it is taken to start a process.
+try:
+    import matplotlib.font_manager  # noqa: F401
+except ImportError:
+    pass
+
 
 @pytest.hookimpl(hookwrapper=True)
 def pytest_fixture_setup(fixturedef: pytest.FixtureDef, request: pytest.FixtureRequest):

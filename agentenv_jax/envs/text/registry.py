@@ -22,6 +22,7 @@ from typing import Any
 from agentenv_jax.envs.spaces import EnvError
 from agentenv_jax.envs.text.reasoning_gym_tasks import ReasoningGymTask, reasoning_gym_kwargs
 from agentenv_jax.envs.text.tasks import ArithmeticTask, GuessNumberTask, TextTask
+from agentenv_jax.envs.text.tokenizer import BYTE_TOKENIZER, Tokenizer
 from agentenv_jax.envs.text.vector_env import TextVectorEnv
 
 REASONING_GYM_PREFIX = "reasoning_gym/"
@@ -57,9 +58,12 @@ def close_text_env_id(env_id: str) -> str | None:
     return close[0] if close else None
 
 
-def make_text_vector_env(env_id: str, num_envs: int, kwargs: dict[str, Any]) -> TextVectorEnv:
-    """`num_envs` envs of the text env `env_id` with `env.kwargs` = `kwargs`; `EnvError` naming
-    an unknown id or kwarg (with the allowed ones) or a bad value."""
+def make_text_vector_env(
+    env_id: str, num_envs: int, kwargs: dict[str, Any], tokenizer: Tokenizer | None = None
+) -> TextVectorEnv:
+    """`num_envs` envs of the text env `env_id` with `env.kwargs` = `kwargs`, in the tokens of
+    `tokenizer` (default: bytes); `EnvError` naming an unknown id or kwarg (with the allowed
+    ones) or a bad value."""
     if env_id.startswith(REASONING_GYM_PREFIX):
         dataset_name = env_id.removeprefix(REASONING_GYM_PREFIX)
         entry = TEXT_ENV_IDS[f"{REASONING_GYM_PREFIX}<dataset>"]
@@ -93,4 +97,5 @@ def make_text_vector_env(env_id: str, num_envs: int, kwargs: dict[str, Any]) -> 
         context_length=kwargs.get("context_length", entry.context_length),
         response_length=kwargs.get("response_length", entry.response_length),
         group_size=kwargs.get("group_size", 1),
+        tokenizer=tokenizer or BYTE_TOKENIZER,
     )

@@ -30,6 +30,15 @@ class Tokenizer(Protocol):
         `[response_length]` under this tokenizer."""
         ...
 
+    def dialogue_start(self, prompt: str) -> np.ndarray:
+        """The ids of a dialogue's first context, before the policy's first message."""
+        ...
+
+    def after_message(self, messages: list[dict[str, str]], reply: str) -> np.ndarray:
+        """The ids appended after a message's EOS when the env answers `reply`; `messages` is
+        the dialogue so far as chat messages (roles user and assistant), that message last."""
+        ...
+
 
 class ByteTokenizer:
     """UTF-8 bytes as tokens: ids 0..255 are byte values, then PAD, BOS, EOS and one spare id.
@@ -78,6 +87,14 @@ class ByteTokenizer:
             bos_id=self.BOS,
             eos_id=self.EOS,
         )
+
+    def dialogue_start(self, prompt: str) -> np.ndarray:
+        """BOS, then the prompt's bytes."""
+        return np.concatenate([[self.BOS], self.encode(prompt)]).astype(np.int32)
+
+    def after_message(self, messages: list[dict[str, str]], reply: str) -> np.ndarray:
+        """The reply's bytes (the message's EOS already separates them)."""
+        return self.encode(reply)
 
 
 BYTE_TOKENIZER = ByteTokenizer()

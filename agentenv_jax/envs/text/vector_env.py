@@ -144,13 +144,14 @@ class TextVectorEnv(gym.vector.VectorEnv):
             # next context holds exactly what the policy wrote. A message without EOS gets one
             # as the separator before the reply.
             generated = actions[i][: response_tokens[i]]
+            after = (
+                # The dialogue up to this message (its reply is the last message).
+                self.tokenizer.after_message(self._messages(i)[:-1], reply.text)
+                if reply.text is not None
+                else np.zeros(0, np.int32)
+            )
             self._tokens[i] = np.concatenate(
-                [
-                    self._tokens[i],
-                    generated,
-                    [] if at_eos.size else [eos],
-                    self.tokenizer.encode(reply.text or ""),
-                ]
+                [self._tokens[i], generated, [] if at_eos.size else [eos], after]
             ).astype(np.int32)
             terminated[i] = reply.done
             truncated[i] = not reply.done and len(self._turns[i]) >= self._tasks[i].max_turns
@@ -192,7 +193,7 @@ class TextVectorEnv(gym.vector.VectorEnv):
         """Draw env i's next prompt from its rng and clear its dialogue."""
         assert self._rngs is not None
         prompt = self._tasks[i].reset(self._rngs[i])
-        tokens = np.concatenate([[self.tokenizer.bos_id], self.tokenizer.encode(prompt)])
+        tokens = self.tokenizer.dialogue_start(prompt)
         if tokens.size > self._context_length - 1:
             raise EnvError(
                 f"env.kwargs.context_length = {self._context_length} is too short for a prompt "
@@ -203,6 +204,15 @@ class TextVectorEnv(gym.vector.VectorEnv):
         self._prompts[i] = prompt
         self._turns[i] = []
         self._returns[i] = 0.0
+
+    def _messages(self, i: int) -> list[dict[str, str]]:
+        """Env i's dialogue so far as chat messages: the prompt, then each message and reply."""
+        messages = [{"role": "user", "content": self._prompts[i]}]
+        for message, reply in self._turns[i]:
+            messages.append({"role": "assistant", "content": message})
+            if reply is not None:
+                messages.append({"role": "user", "content": reply})
+        return messages
 
     def _observation(self, i: int) -> np.ndarray:
         """Env i's newest `L` dialogue tokens, left-padded: `int32 [L]`."""
