@@ -4,9 +4,11 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -117,3 +119,69 @@ def load_folder(folder: str | Path) -> tuple[LlamaSpec, Params]:
     """The spec and host parameters of a local Hugging Face model folder."""
     spec = read_spec(folder)
     return spec, params_from_tensors(spec, read_tensors(folder), str(folder))
+
+
+_ARCHITECTURES = {
+    "llama": "LlamaForCausalLM",
+    "qwen2": "Qwen2ForCausalLM",
+    "qwen3": "Qwen3ForCausalLM",
+}
+
+
+def config_from_spec(spec: LlamaSpec, **extra: Any) -> dict[str, Any]:
+    """The `config.json` of `spec` (the inverse of `spec_from_config`), with `extra` fields
+    (token ids, say) added."""
+    rope: dict[str, Any] = {"rope_type": "default", "rope_theta": spec.rope_theta}
+    if spec.rope_scaling is not None:
+        rope = dataclasses.asdict(spec.rope_scaling) | {"rope_theta": spec.rope_theta}
+    config = {
+        "architectures": [_ARCHITECTURES[spec.model_type]],
+        "model_type": spec.model_type,
+        "vocab_size": spec.vocab_size,
+        "hidden_size": spec.hidden_size,
+        "intermediate_size": spec.intermediate_size,
+        "num_hidden_layers": spec.num_layers,
+        "num_attention_heads": spec.num_heads,
+        "num_key_value_heads": spec.num_kv_heads,
+        "head_dim": spec.head_dim,
+        "hidden_act": "silu",
+        "rms_norm_eps": spec.rms_norm_eps,
+        "rope_parameters": rope,
+        "mlp_bias": spec.mlp_bias,
+        "tie_word_embeddings": spec.tie_word_embeddings,
+        "max_position_embeddings": spec.max_position_embeddings,
+        "dtype": "float32",
+    }
+    if spec.model_type != "qwen2":  # Qwen2 always has q/k/v biases and no such field
+        config["attention_bias"] = spec.qkv_bias
+    return config | extra
+
+
+def tensors_from_params(spec: LlamaSpec, params: Params, prefix: str = "") -> dict[str, np.ndarray]:
+    """The checkpoint's tensors of `networks.llama` parameters (the inverse of
+    `params_from_tensors`), float32, each name after `prefix`."""
+    tensors = {
+        "model.embed_tokens.weight": params["embed_tokens"],
+        "model.norm.weight": params["norm"],
+    }
+    if not spec.tie_word_embeddings:
+        tensors["lm_head.weight"] = np.asarray(params["lm_head"]).T
+    for key, stacked in params["layers"].items():
+        suffix, transpose = _LAYER_TENSORS[key]
+        for i in range(spec.num_layers):
+            layer = np.asarray(stacked[i])
+            tensors[f"model.layers.{i}.{suffix}"] = layer.T if transpose else layer
+    return {
+        prefix + name: np.ascontiguousarray(value, np.float32) for name, value in tensors.items()
+    }
+
+
+def save_folder(folder: str | Path, spec: LlamaSpec, params: Params, **config: Any) -> None:
+    """Write `config.json` and `model.safetensors` of a model to `folder` (made if missing),
+    as `transformers`' `save_pretrained` lays them out."""
+    from safetensors.numpy import save_file
+
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "config.json").write_text(json.dumps(config_from_spec(spec, **config), indent=2))
+    save_file(tensors_from_params(spec, params), folder / _SINGLE, metadata={"format": "pt"})

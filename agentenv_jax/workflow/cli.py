@@ -74,6 +74,16 @@ def _parser() -> argparse.ArgumentParser:
         metavar="N",
         help="text envs: also print the first N episodes' dialogues",
     )
+    export = commands.add_parser(
+        "export",
+        help="write a run's pretrained-model policy as a Hugging Face folder (transformers, "
+        "vLLM, llama.cpp)",
+    )
+    export.add_argument("run_dir", metavar="RUN_DIR", help="the run folder")
+    export.add_argument("out_dir", metavar="OUT_DIR", help="the folder to write (new or empty)")
+    export.add_argument(
+        "--checkpoint", type=int, metavar="K", help="the checkpoint of update K (default newest)"
+    )
     plot = commands.add_parser(
         "plot",
         help="draw learning curves (mean and band over seeds of one config) and time breakdowns",
@@ -310,6 +320,12 @@ def main(argv: list[str] | None = None) -> int:
             runs = [load_run(path) for path in args.run_dirs]
             metrics = args.metrics or ["episode_return_mean"]
             print(plot_runs(runs, args.output, args.x, metrics), flush=True)
+            return 0
+        if args.command == "export":
+            from agentenv_jax.workflow.export import export_run
+
+            out = export_run(args.run_dir, args.out_dir, args.checkpoint)
+            print(f"wrote {out}: load it with transformers.AutoModelForCausalLM.from_pretrained")
             return 0
         if args.command == "eval":
             from agentenv_jax.workflow.evaluation import evaluate

@@ -210,6 +210,25 @@ class PretrainedTokenizer:
             )
         return self.encode(after[cut + len(self.eos_token) :])
 
+    def save(self, folder: str | Path) -> None:
+        """Write `tokenizer.json`, `tokenizer_config.json` (its special tokens and chat
+        template) and `chat_template.jinja` to `folder`, as transformers' `save_pretrained`
+        does, so that `AutoTokenizer.from_pretrained(folder)` reads this tokenizer."""
+        folder = Path(folder)
+        folder.mkdir(parents=True, exist_ok=True)
+        self.backend.save(str(folder / "tokenizer.json"))
+        config = {
+            "tokenizer_class": "PreTrainedTokenizerFast",
+            "bos_token": self.bos_token,
+            "eos_token": self.eos_token,
+            "pad_token": self.pad_token,
+            "clean_up_tokenization_spaces": False,
+        }
+        if self.chat is not None:
+            config["chat_template"] = self.chat.source
+            (folder / "chat_template.jinja").write_text(self.chat.source)
+        (folder / "tokenizer_config.json").write_text(json.dumps(config, indent=2))
+
     def _require_chat(self) -> ChatTemplate:
         if self.chat is None:
             raise EnvError(f"{self.source}: no chat template (tokenizer_config.json or GGUF)")
