@@ -300,6 +300,8 @@ def _gguf_tokenizer(path: Path, vocab_size: int) -> PretrainedTokenizer:
             "(byte-level BPE, as Llama 3, SmolLM2 and Qwen use)"
         )
     tokens = value("tokenizer.ggml.tokens")
+    if not tokens:
+        raise EnvError(f"{path}: no tokenizer.ggml.tokens (the vocabulary)")
     types = value("tokenizer.ggml.token_type") or [1] * len(tokens)
     spelling = _bytes_to_unicode()
     alphabet = set(spelling.values())
@@ -307,7 +309,7 @@ def _gguf_tokenizer(path: Path, vocab_size: int) -> PretrainedTokenizer:
         token if set(token) <= alphabet else "".join(spelling[b] for b in token.encode()): i
         for i, token in enumerate(tokens)
     }
-    merges = [tuple(merge.split(" ", 1)) for merge in value("tokenizer.ggml.merges")]
+    merges = [tuple(merge.split(" ", 1)) for merge in value("tokenizer.ggml.merges") or []]
     backend = Tokenizer(models.BPE(vocab, merges, fuse_unk=False))
     split = _GGUF_SPLITS.get(value("tokenizer.ggml.pre"))
     byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=split is None)

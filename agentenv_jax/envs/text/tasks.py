@@ -70,6 +70,7 @@ def parse_integer(message: str) -> int | None:
 
 class ArithmeticTask:
     """Single-turn arithmetic: the prompt is e.g. `"3+4="`, the agent answers the integer.
+    `question` words the prompt around `{expression}` (a chat model is asked "What is 3+4?").
 
     Operands are drawn uniformly from `0..max_operand` (the difficulty), the operation uniformly
     from `operations` (any of `+-*`). Reward 1.0 for the right value (`" 7"` and `"+7"` count),
@@ -78,8 +79,20 @@ class ArithmeticTask:
 
     max_turns = 1
 
-    def __init__(self, max_operand: int = 9, operations: str = "+", format_reward: float = 0.1):
+    def __init__(
+        self,
+        max_operand: int = 9,
+        operations: str = "+",
+        format_reward: float = 0.1,
+        question: str = "{expression}=",
+    ):
         self._max_operand = require_int("env.kwargs.max_operand", max_operand, 1)
+        if not isinstance(question, str) or "{expression}" not in question:
+            raise EnvError(
+                f"env.kwargs.question = {question!r}: expected a string holding {{expression}} "
+                "(where the sum goes, e.g. 'What is {expression}?')"
+            )
+        self._question = question
         if (
             not isinstance(operations, str)
             or not operations
@@ -106,7 +119,7 @@ class ArithmeticTask:
         left, right = (int(x) for x in rng.integers(0, self._max_operand + 1, size=2))
         symbol = self._operations[int(rng.integers(len(self._operations)))]
         self._answer = _OPERATIONS[symbol](left, right)
-        return f"{left}{symbol}{right}="
+        return self._question.replace("{expression}", f"{left}{symbol}{right}")
 
     def reply(self, message: str) -> TaskReply:
         if self._answer is None:

