@@ -1,6 +1,8 @@
-"""The transformer's token-PPO update gives the same result on 1 device and on a
-`{data: 2, model: 4}` mesh of 8 host devices, where each device holds about a quarter of the
-parameters, reference parameters and Adam moments (FSDP).
+"""The token-PPO update of the transformer trained from scratch, and of a pretrained Llama-family
+model loaded from its folder, gives the same result on 1 device and on a `{data: 2, model: 4}`
+mesh of 8 host devices, where each device holds about a quarter of the parameters, reference
+parameters and Adam moments (FSDP), placed there as the learner places them (the host weights
+straight onto their shards).
 
 XLA's host-device count is fixed when the backend starts, so the comparison runs in a fresh
 interpreter with `--xla_force_host_platform_device_count=8`; both meshes live in that process.
@@ -23,17 +25,23 @@ pytestmark = pytest.mark.slow  # every test here starts a process
 # Builds the update as the learner does (`Learner.__init__`): `language_model_training` with
 # the mesh's row constraint, the state's shardings from its abstract shape, `jit_sharded_update`.
 SCRIPT = r"""
-import json, sys
+import dataclasses, json, sys
 import jax, jax.numpy as jnp, numpy as np, optax
-from agentenv_jax.learner.loop import jit_sharded_update
+from agentenv_jax.learner.loop import initial_state, jit_sharded_update
 from agentenv_jax.learner.on_policy_model import OnPolicyModel
 from agentenv_jax.learner.text_training import language_model_training
-from agentenv_jax.parallel.mesh import make_mesh, place_on_mesh, row_constraint
+from agentenv_jax.parallel.mesh import make_mesh, row_constraint
 from agentenv_jax.parallel.partitioning import check_model_axis_divides, state_shardings
 from test_token_ppo import TEXT, make_text_rollout, rescored, scoring_model, text_config
 
 assert len(jax.devices()) == 8, jax.devices()
 config = text_config(learning_rate=1e-4)
+if sys.argv[2]:  # a pretrained model's folder
+    network = dataclasses.replace(
+        config.network,
+        language_model=dataclasses.replace(config.network.language_model, pretrained=sys.argv[2]),
+    )
+    config = dataclasses.replace(config, network=network)
 lm = scoring_model(config.network.language_model)
 arrays, results = {}, {}
 for name, (n, model) in {"one": (1, 1), "data2_model4": (8, 4)}.items():
@@ -47,8 +55,8 @@ for name, (n, model) in {"one": (1, 1), "data2_model4": (8, 4)}.items():
     update = jit_sharded_update(trained.update, mesh, shardings)
     params = trained.init_params(jax.random.PRNGKey(0))
     rollout = make_text_rollout(lm, params, seed=0)
-    state = place_on_mesh(
-        mesh, jax.jit(trained.train_state)(params, jax.random.PRNGKey(1)), shardings
+    state = initial_state(
+        trained, mesh, shardings, jax.random.PRNGKey(0), jax.random.PRNGKey(1)
     )
     for _ in range(3):
         # Behaviour log-probs and values of the current policy, as the env ranks' next rollout
@@ -91,12 +99,31 @@ print("RESULT" + json.dumps(results))
 """
 
 
-def _run_with_eight_host_devices(script: str, out: str) -> dict:
+def _llama_folder(folder) -> str:
+    """A tiny random Llama over the byte vocabulary (260 rows, as `TEXT`), saved by
+    transformers, with widths that a 4-way model axis divides."""
+    transformers = pytest.importorskip("transformers")
+    torch = pytest.importorskip("torch")
+    config = transformers.LlamaConfig(
+        vocab_size=260,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=64,
+    )
+    torch.manual_seed(0)
+    transformers.LlamaForCausalLM(config).save_pretrained(folder)
+    return str(folder)
+
+
+def _run_with_eight_host_devices(script: str, out: str, *args: str) -> dict:
     env = dict(os.environ)
     env["XLA_FLAGS"] = "--xla_force_host_platform_device_count=8"
     env["PYTHONPATH"] = os.pathsep.join([str(REPO / "tests"), env.get("PYTHONPATH", "")])
     proc = subprocess.run(
-        [sys.executable, "-c", script, out],
+        [sys.executable, "-c", script, out, *args],
         env=env,
         capture_output=True,
         text=True,
@@ -108,11 +135,13 @@ def _run_with_eight_host_devices(script: str, out: str) -> dict:
     return json.loads(line[len("RESULT") :])
 
 
+@pytest.mark.parametrize("family", ["from_scratch", "llama"])
 def test_token_ppo_update_on_a_data2_model4_mesh_equals_one_device_and_shards_the_state(
-    tmp_path,
+    family, tmp_path
 ):
     out = tmp_path / "arrays.npz"
-    results = _run_with_eight_host_devices(SCRIPT, str(out))
+    folder = _llama_folder(tmp_path / "llama") if family == "llama" else ""
+    results = _run_with_eight_host_devices(SCRIPT, str(out), folder)
     arrays = np.load(out)
     one, fsdp = results["one"], results["data2_model4"]
     assert one["mesh_shape"] == {"data": 1} and fsdp["mesh_shape"] == {"data": 2, "model": 4}

@@ -132,6 +132,16 @@ def _merge_flat_stats(total: norm.RunningStats, flat: np.ndarray) -> norm.Runnin
     return norm.merge_stats(total, norm.stats_from_flat(flat, total.mean.shape[0]))
 
 
+def initial_state(model: Any, mesh: Any, shardings: Any, init_key: jax.Array, train_key: jax.Array):
+    """The first train state of `model` (an `OnPolicyModel`) laid out with `shardings`: the
+    host parameters go straight to their shards (a device receives only its part of a matrix
+    sharded over `model`), and the state built from them (reference copy, optimizer moments)
+    is made in place, sharded: no device ever holds the whole model."""
+    param_shardings = getattr(shardings, "params", shardings)  # one sharding on a 1-D mesh
+    params = place_on_mesh(mesh, model.init_params(init_key), param_shardings)
+    return jax.jit(model.train_state, out_shardings=shardings)(params, train_key)
+
+
 class Learner:
     """Owns the train state on a device mesh; drives PPO or IMPALA over a `LearnerChannel`.
 
@@ -186,11 +196,7 @@ class Learner:
         self._global_batch = spans_processes(self.mesh)
         self._rollout_shardings = rollout_shardings(self.mesh)
         init_key, train_key = jax.random.split(jax.random.PRNGKey(config.run.seed))
-        self.state = place_on_mesh(
-            self.mesh,
-            jax.jit(model.train_state)(model.init_params(init_key), train_key),
-            self._state_sharding,
-        )
+        self.state = initial_state(model, self.mesh, self._state_sharding, init_key, train_key)
         # Env ranks take one flat vector: gathered whole, however the parameters are sharded.
         self._ravel = jax.jit(
             FlatLayout(self.state.params).ravel, out_shardings=replicated(self.mesh)
