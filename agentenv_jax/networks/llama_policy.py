@@ -47,6 +47,7 @@ class LlamaPolicySpec:
     max_length: int  # the longest sequence it runs: context + response
     critic: Literal["shared", "separate"] = "shared"
     dtype: str = "float32"  # compute dtype of the matmuls
+    remat: bool = False  # recompute each block's activations in the backward pass
 
     def __post_init__(self) -> None:
         if self.critic not in ("shared", "separate"):
@@ -145,7 +146,7 @@ def make_llama_policy(spec: LlamaPolicySpec) -> LanguageModel:
         hidden, kv = {}, {}
         for trunk in spec.trunks:
             hidden[trunk], keys, values = run_layers(
-                model, params[trunk], tokens, positions, allowed, dtype
+                model, params[trunk], tokens, positions, allowed, dtype, remat=spec.remat
             )
             kv[trunk] = (keys, values)
         logits, values = heads(params, hidden)

@@ -88,6 +88,7 @@ def language_model_for(config: LanguageModelConfig, text: TextSpec) -> LanguageM
                 max_length=text.context_length + text.response_length,
                 critic=config.value_trunk,
                 dtype=config.dtype,
+                remat=config.remat,
             )
         )
     overrides = {name: getattr(config, name) for name in _DIMENSIONS if getattr(config, name)}
