@@ -419,3 +419,47 @@ def test_grpo_group_advantage_and_kl_loss():
         jax.tree.leaves(new_state.ref_params), jax.tree.leaves(state.ref_params), strict=True
     ):
         np.testing.assert_array_equal(got, want)
+
+
+@pytest.mark.slow
+def test_bfloat16_parameters_train_with_float32_adam_moments():
+    """`param_dtype: bfloat16` keeps the parameters and the frozen reference in bfloat16 (half
+    the bytes) while Adam's moments stay float32, and an update still trains."""
+    import optax
+
+    config = text_config()
+    language_model = dataclasses.replace(
+        config.network.language_model, param_dtype="bfloat16", dtype="bfloat16"
+    )
+    config = dataclasses.replace(
+        config, network=dataclasses.replace(config.network, language_model=language_model)
+    )
+    model = OnPolicyModel(*language_model_training(config, TEXT, 10, lambda x: x))
+    assert {leaf.dtype for leaf in jax.tree.leaves(model.param_shapes)} == {jnp.dtype(jnp.bfloat16)}
+    state = jax.jit(model.train_state)(model.init_params(jax.random.key(0)), jax.random.key(1))
+    count = sum(leaf.size for leaf in jax.tree.leaves(state.params))
+    for tree in (state.params, state.ref_params):
+        assert {leaf.dtype for leaf in jax.tree.leaves(tree)} == {jnp.dtype(jnp.bfloat16)}
+        assert sum(leaf.nbytes for leaf in jax.tree.leaves(tree)) == 2 * count
+    adam = [
+        s
+        for s in jax.tree.leaves(
+            state.opt_state, is_leaf=lambda x: isinstance(x, optax.ScaleByAdamState)
+        )
+        if isinstance(s, optax.ScaleByAdamState)
+    ]
+    assert len(adam) == 1
+    moments = jax.tree.leaves((adam[0].mu, adam[0].nu))
+    assert {leaf.dtype for leaf in moments} == {jnp.dtype(jnp.float32)}
+    assert sum(leaf.size for leaf in moments) == 2 * count
+
+    lm = language_model_for(language_model, TEXT)
+    rollout = make_text_rollout(lm, state.params, seed=0)
+    new_state, metrics = jax.jit(model.update)(jax.tree.map(jnp.copy, state), rollout)
+    assert {leaf.dtype for leaf in jax.tree.leaves(new_state.params)} == {jnp.dtype(jnp.bfloat16)}
+    assert all(np.isfinite(float(v)) for v in metrics.values())
+    assert _max_change(new_state.params, state.params) > 0
+    np.testing.assert_array_equal(
+        np.asarray(jax.tree.leaves(new_state.ref_params)[0], np.float32),
+        np.asarray(jax.tree.leaves(state.ref_params)[0], np.float32),
+    )

@@ -300,3 +300,22 @@ def make_optimizer(
         else learning_rate
     )
     return optax.chain(optax.clip_by_global_norm(max_grad_norm), optax.adam(schedule, eps=adam_eps))
+
+
+def float32_moments(optimizer: optax.GradientTransformation) -> optax.GradientTransformation:
+    """`optimizer` kept in float32 for lower-precision (bfloat16) parameters: its state (Adam's
+    moments) is made from, and updated with, float32 copies of the parameters and gradients,
+    and its updates are float32 (`optax.apply_updates` casts each to its parameter's dtype)."""
+
+    def as_float32(tree: Any) -> Any:
+        return jax.tree.map(lambda x: x.astype(jnp.float32), tree)
+
+    def init(params: Any) -> optax.OptState:
+        return optimizer.init(as_float32(params))
+
+    def update(grads: Any, state: optax.OptState, params: Any = None) -> tuple[Any, Any]:
+        return optimizer.update(
+            as_float32(grads), state, None if params is None else as_float32(params)
+        )
+
+    return optax.GradientTransformation(init, update)

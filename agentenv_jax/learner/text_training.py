@@ -8,8 +8,9 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
-from agentenv_jax.algorithms.ppo import make_optimizer
+from agentenv_jax.algorithms.ppo import float32_moments, make_optimizer
 from agentenv_jax.algorithms.token_ppo import (
     TokenPPOHyperparams,
     TokenTrainState,
@@ -46,9 +47,11 @@ def language_model_training(
 ):
     """The parts of a text env's `OnPolicyModel` (param_shapes, init_params, update,
     train_state): the transformer of `network.language_model`, its parameters (random or
-    `init_from`), and token-level PPO."""
+    `init_from` or pretrained) stored in `param_dtype` (bfloat16: the optimizer's moments stay
+    float32), and token-level PPO."""
     algo = config.algorithm  # PPO: other algorithms are refused at start-up
-    lm = language_model_for(config.network.language_model, text)
+    lm_config = config.network.language_model
+    lm = language_model_for(lm_config, text)
     optimizer = make_optimizer(
         algo.learning_rate,
         algo.lr_schedule == "linear",
@@ -56,6 +59,13 @@ def language_model_training(
         algo.max_grad_norm,
         algo.adam_eps,
     )
+    param_dtype = jnp.dtype(lm_config.param_dtype)
+    if param_dtype != jnp.float32:
+        optimizer = float32_moments(optimizer)
+
+    def init_params(key: jax.Array) -> Any:
+        params = initial_language_model_params(lm, lm_config, key)
+        return jax.tree.map(lambda x: np.asarray(x).astype(param_dtype), params)
 
     def score(params: Any, context: jax.Array, response: jax.Array):
         return tuple(lm.score(params, context, response, text.pad_id, text.eos_id))
@@ -73,9 +83,10 @@ def language_model_training(
             key=key,
         )
 
+    shapes = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, param_dtype), lm.param_shapes())
     return (
-        lm.param_shapes(),
-        lambda key: initial_language_model_params(lm, config.network.language_model, key),
+        shapes,
+        init_params,
         update,
         train_state,
     )

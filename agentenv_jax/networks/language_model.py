@@ -76,7 +76,7 @@ class LanguageModelSpec:
     num_heads: int  # attention heads (must divide d_model)
     mlp_dim: int  # hidden width of each block's MLP
     critic: Literal["shared", "separate"]  # value head on the policy trunk, or on its own trunk
-    dtype: str = "float32"  # compute dtype of the matmuls (parameters stay float32)
+    dtype: str = "float32"  # compute dtype of the matmuls, whatever the parameters are kept in
 
     def __post_init__(self) -> None:
         for name in ("vocab_size", "max_length", "d_model", "num_layers", "num_heads", "mlp_dim"):
