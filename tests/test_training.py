@@ -318,6 +318,14 @@ def test_every_experiment_runs_with_a_tiny_budget(path, run_dir):
         ]
     else:
         overrides += ["run.total_env_steps=1"]
+    if load_config(path).network.language_model.pretrained is not None:
+        # A pretrained model (135 M parameters) trains on two answers: loading, compiling and
+        # stepping it is the check, not the size of its batch.
+        overrides += [
+            "env.global_num_envs=2",
+            "algorithm.rollout_length=1",
+            "algorithm.num_minibatches=1",
+        ]
     config = load_config(path, overrides)
     result = train(config)
     assert result.updates >= 1
