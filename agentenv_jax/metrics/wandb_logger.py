@@ -96,7 +96,9 @@ class WandbLogger:
     def log(self, values: Mapping[str, float], step: int) -> None:
         if self._run is None:
             self._run = self._open()
-        self._run.log(dict(values), step=step)
+        # Committed now: W&B otherwise holds a step's row until the next step, and a run that
+        # fails before one can finish without its last row.
+        self._run.log(dict(values), step=step, commit=True)
 
     def close(self) -> None:
         if self._run is None:
