@@ -190,6 +190,25 @@ def _update_of(line: str) -> float:
         return float("inf")
 
 
+def restore_kept(run_dir: str | Path, keep: int, checkpoint: int | None = None):
+    """`(step, state, meta)` of run `run_dir`'s checkpoint `checkpoint` (the newest when None),
+    as saved; `CheckpointError` naming the kept ones when it is not among them."""
+    from agentenv_jax.checkpoint.store import CheckpointError, CheckpointStore
+
+    store = CheckpointStore(Path(run_dir), keep)
+    try:
+        kept = store.steps()
+        if checkpoint is not None and checkpoint not in kept:
+            raise CheckpointError(
+                f"checkpoint = {checkpoint} is not in {store.directory}: kept are {kept}"
+            )
+        step = checkpoint if checkpoint is not None else store.latest_step()
+        state, meta = store.restore_raw(step)
+    finally:
+        store.close()
+    return step, state, meta
+
+
 def policy_params(run_dir: str | Path, config: Any) -> Any:
     """The policy's parameters (a host pytree) in run `run_dir`'s newest checkpoint: the
     actor-critic's for PPO and IMPALA, the actor's for SAC (`config` is the run's

@@ -279,6 +279,23 @@ def prefilled(cache: KVCache, kv: dict[str, tuple[jax.Array, jax.Array]], mask: 
     )
 
 
+def decode_slots(
+    cache: KVCache, index: jax.Array | int, mask: jax.Array | None
+) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """For a `decode` of one token per row at slot `index`: the cache's updated key mask
+    `[B, S]`, the slots each row's token attends to `[B, S]` (bool), and its position `[B, 1]`.
+    `mask` `[B]` (None: all 1) says which rows' tokens are real."""
+    batch, length = cache.mask.shape
+    real = jnp.ones((batch,), jnp.int32) if mask is None else mask.astype(jnp.int32)
+    key_mask = jax.lax.dynamic_update_slice(cache.mask, real[:, None], (0, index))
+    # Slots after `index` are empty in a cache filled in order; masking them as well keeps a
+    # cache reused out of order causal.
+    seen = (jnp.arange(length) <= index)[None] & (key_mask == 1)
+    # The position `apply` would give: cumsum(mask) - 1 up to this token.
+    position = jnp.maximum(jnp.sum(seen, axis=1) - 1, 0)[:, None]
+    return key_mask, seen, position
+
+
 def scoring_functions(
     apply: Callable[[Params, jax.Array, jax.Array], tuple[jax.Array, jax.Array]],
 ) -> tuple[Callable[..., TokenScores], Callable[[Params, jax.Array, int], jax.Array]]:
@@ -499,14 +516,7 @@ def make_language_model(spec: LanguageModelSpec) -> LanguageModel:
         `cache`: `(cache, logits [B, V], value [B])` after it. `mask` `[B]` (default all 1) says
         which rows' tokens are real; a masked token is never attended to, and its outputs are
         meaningless."""
-        batch, length = cache.mask.shape
-        real = jnp.ones((batch,), jnp.int32) if mask is None else mask.astype(jnp.int32)
-        key_mask = jax.lax.dynamic_update_slice(cache.mask, real[:, None], (0, index))
-        # Slots after `index` are empty in a cache filled in order; masking them as well keeps a
-        # cache reused out of order causal.
-        seen = (jnp.arange(length) <= index)[None] & (key_mask == 1)
-        # The position `apply` would give: cumsum(mask) - 1 up to this token.
-        position = jnp.maximum(jnp.sum(seen, axis=1) - 1, 0)[:, None]
+        key_mask, seen, position = decode_slots(cache, index, mask)
         hidden, keys, values = {}, {}, {}
         for name in spec.trunks:
             hidden[name], keys[name], values[name] = _run_trunk(

@@ -23,6 +23,7 @@ from agentenv_jax.networks.language_model import (
     KVCache,
     LanguageModel,
     Params,
+    decode_slots,
     prefilled,
     scoring_functions,
 )
@@ -179,11 +180,7 @@ def make_llama_policy(spec: LlamaPolicySpec) -> LanguageModel:
         index: jax.Array | int,
         mask: jax.Array | None = None,
     ) -> tuple[KVCache, jax.Array, jax.Array]:
-        batch, length = cache.mask.shape
-        real = jnp.ones((batch,), jnp.int32) if mask is None else mask.astype(jnp.int32)
-        key_mask = jax.lax.dynamic_update_slice(cache.mask, real[:, None], (0, index))
-        seen = (jnp.arange(length) <= index)[None] & (key_mask == 1)
-        position = jnp.maximum(jnp.sum(seen, axis=1) - 1, 0)[:, None]
+        key_mask, seen, position = decode_slots(cache, index, mask)
         hidden, keys, values = {}, {}, {}
         for trunk in spec.trunks:
             hidden[trunk], keys[trunk], values[trunk] = run_layers(

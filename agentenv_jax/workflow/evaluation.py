@@ -23,7 +23,8 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 
-from agentenv_jax.checkpoint.store import CheckpointError, CheckpointStore
+from agentenv_jax.checkpoint.run_folder import restore_kept
+from agentenv_jax.checkpoint.store import CheckpointError
 from agentenv_jax.config.errors import ConfigError
 from agentenv_jax.config.loading import load_config
 from agentenv_jax.config.schema import ExperimentConfig, SACConfig
@@ -250,17 +251,7 @@ def evaluate(
     if config.env.backend == "jax" and video_dir is not None:
         raise ConfigError("--video is not supported with env.backend = 'jax': evaluate without it")
     use_persistent_cache(config.run.compilation_cache, config.run.compilation_cache_dir)
-    store = CheckpointStore(run_dir, config.checkpoint.keep)
-    try:
-        kept = store.steps()
-        if checkpoint is not None and checkpoint not in kept:
-            raise CheckpointError(
-                f"checkpoint = {checkpoint} is not in {store.directory}: kept are {kept}"
-            )
-        step = checkpoint if checkpoint is not None else store.latest_step()
-        state, meta = store.restore_raw(step)
-    finally:
-        store.close()
+    step, state, meta = restore_kept(run_dir, config.checkpoint.keep, checkpoint)
 
     seeds = [EVAL_SEED_BASE + seed * episodes + episode for episode in range(episodes)]
     if config.env.backend == "jax":

@@ -12,7 +12,8 @@ from pathlib import Path
 
 import numpy as np
 
-from agentenv_jax.checkpoint.store import CheckpointError, CheckpointStore
+from agentenv_jax.checkpoint.run_folder import restore_kept
+from agentenv_jax.checkpoint.store import CheckpointError
 from agentenv_jax.config.errors import ConfigError
 from agentenv_jax.config.loading import load_config
 from agentenv_jax.envs.text.registry import is_text_env
@@ -42,16 +43,7 @@ def export_run(run_dir: str | Path, out_dir: str | Path, checkpoint: int | None 
         )
     spec = pretrained_spec(model.pretrained)
     tokenizer = text_tokenizer(model)
-    store = CheckpointStore(run_dir, config.checkpoint.keep)
-    try:
-        kept = store.steps()
-        if checkpoint is not None and checkpoint not in kept:
-            raise CheckpointError(
-                f"checkpoint = {checkpoint} is not in {store.directory}: kept are {kept}"
-            )
-        state, _ = store.restore_raw(checkpoint)
-    finally:
-        store.close()
+    _, state, _ = restore_kept(run_dir, config.checkpoint.keep, checkpoint)
     params = {name: _host(tree) for name, tree in state["params"].items()}
     ids = {
         "bos_token_id": tokenizer.bos_id,
