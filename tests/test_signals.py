@@ -188,6 +188,39 @@ def test_a_second_copy_after_the_final_checkpoint_is_still_the_same_request(tmp_
 
 
 @pytest.mark.slow
+def test_the_handlers_given_back_still_take_a_late_copy_within_the_window(tmp_path):
+    """Between the run's return and the process's exit (the CLI ignores stop signals only
+    then), a copy of the honoured request is still the session's: within the window it is
+    dropped, after it the handler the run found takes it, and keeps taking the next ones."""
+    from types import SimpleNamespace
+
+    from agentenv_jax.config.loading import load_config
+    from agentenv_jax.learner.session import LearnerSession
+
+    window_s = 2.0
+    config = load_config(CARTPOLE, [f"run.stop_signal_window_s={window_s}"])
+    taken = []
+    before = signal.signal(signal.SIGUSR2, lambda signum, frame: taken.append(signum))
+    session = LearnerSession(SimpleNamespace(updates=0), config, tmp_path, resume=False)
+    try:
+        session.install_signal_handlers()
+        signal.raise_signal(signal.SIGUSR2)
+        first_at = time.monotonic()
+        assert session.interrupted and taken == []
+        session.restore_signal_handlers()
+        signal.raise_signal(signal.SIGUSR2)  # the late copy
+        assert time.monotonic() - first_at < window_s and taken == []
+        time.sleep(window_s + 0.1)
+        signal.raise_signal(signal.SIGUSR2)  # a new signal, for the handler before the run
+        assert taken == [signal.SIGUSR2]
+        signal.raise_signal(signal.SIGUSR2)  # which is back
+        assert taken == [signal.SIGUSR2] * 2
+    finally:
+        signal.signal(signal.SIGUSR2, before)
+        session.store.close()
+
+
+@pytest.mark.slow
 def test_a_later_second_stop_signal_interrupts_at_once(tmp_path):
     """Someone who signals again after a second does not want to wait for the graceful stop:
     the run ends at once (exit 130, like Ctrl-C), without the final checkpoint."""

@@ -72,6 +72,7 @@ class LearnerSession:
         self._first_signal_at: float | None = None
         self._stopped_at_once = False
         self._previous_handlers: dict[int, Any] = {}
+        self._late_copy_handlers: dict[int, Any] = {}
         self._last_saved_update = -1
         self._resumed = resume
         self._records_cut = 0
@@ -132,9 +133,23 @@ class LearnerSession:
             self._previous_handlers[sig] = signal.signal(sig, self._on_signal)
 
     def restore_signal_handlers(self) -> None:
+        """Give the stop signals back to their previous handlers. After a stop request, each
+        first passes through `_late_copy` until the request's window has passed: the process
+        (or the caller's notebook) still ends what it was doing after the run returned, and a
+        copy arriving then must not kill it."""
         for sig, handler in self._previous_handlers.items():
-            signal.signal(sig, handler)
+            signal.signal(sig, handler if self._first_signal_at is None else self._late_copy)
+        self._late_copy_handlers = dict(self._previous_handlers)
         self._previous_handlers.clear()
+
+    def _late_copy(self, signum: int, frame: Any) -> None:
+        # Within the window: the same request, already honoured. Later: a new signal for
+        # whoever handled it before the run, delivered again once their handler is back.
+        if time.monotonic() - self._first_signal_at <= self.config.run.stop_signal_window_s:
+            return
+        for sig, handler in self._late_copy_handlers.items():
+            signal.signal(sig, handler)
+        signal.raise_signal(signum)
 
     @property
     def running(self) -> bool:
