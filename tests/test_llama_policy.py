@@ -38,7 +38,7 @@ def sharpened(lm, seed: int) -> dict:
     near-uniform outputs that would let a misplaced position pass), with values of order one
     and EOS likely enough that rows end inside the response."""
     params = jax.tree.map(np.array, lm.init(jax.random.key(seed)))
-    for trunk in lm.spec.trunks:
+    for trunk in lm.spec.base_trunks:
         params[trunk]["embed_tokens"] *= 50.0
         # A constant first coordinate: the normed final state keeps a positive entry there,
         # which the EOS column of the output head reads.

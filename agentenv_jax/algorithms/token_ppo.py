@@ -4,11 +4,12 @@ An env step is one message: the policy reads the dialogue so far (`obs [T, B, L]
 and generates a response (`action [T, B, M]` token ids, ended by EOS). The env's reward belongs
 to the message's last token; advantages and value targets are per generated token, by GAE over
 the tokens of a segment in order (message t's tokens, then message t+1's), so a multi-turn
-dialogue is one sequence of decisions. A frozen reference policy (the initial parameters)
-anchors training: its per-token log-probabilities give a KL penalty in the reward or a loss
-term. With `advantage = "group"` the critic is dropped (GRPO): each answer's advantage is its
-reward standardized over the answers to the same prompt. The clipped surrogate, value loss and
-masked statistics are PPO's own (`algorithms.ppo`).
+dialogue is one sequence of decisions. A frozen reference policy (the initial parameters, or
+an adapter run's frozen base: `Finetuning`) anchors training: its per-token log-probabilities
+give a KL penalty in the reward or a loss term. With `advantage = "group"` the critic is
+dropped (GRPO): each answer's advantage is its reward standardized over the answers to the same
+prompt. The clipped surrogate, value loss and masked statistics are PPO's own
+(`algorithms.ppo`).
 """
 
 from __future__ import annotations
@@ -46,8 +47,8 @@ class TokenTrainState:
     reference parameters (the initial policy), one pytree for one checkpoint."""
 
     params: Params
-    ref_params: Params
-    opt_state: optax.OptState
+    ref_params: Params | None  # None where `Finetuning.reference` derives it from `params`
+    opt_state: optax.OptState  # of `Finetuning.part(params)`, the parameters trained
     update_count: jax.Array  # int32 scalar, completed updates
     key: jax.Array  # PRNG key for minibatch shuffling
 
@@ -69,6 +70,30 @@ class TokenPPOHyperparams:
     kl_penalty: str  # "reward" or "loss"
     advantage: str  # "gae" or "group"
     group_size: int
+
+
+def _stored_reference(params: Params, ref_params: Params) -> Params:
+    return ref_params
+
+
+@dataclasses.dataclass(frozen=True)
+class Finetuning:
+    """Which parameters an update trains and which policy is its reference. By default every
+    parameter is trained and the reference is `ref_params`, a frozen copy of the initial
+    policy; an adapter run (LoRA) trains some top-level groups of the parameter tree (the
+    adapters and the value head), so only they get gradients and optimizer state, and derives
+    the reference from the frozen rest (`reference(params, ref_params)`)."""
+
+    trained: tuple[str, ...] | None = None  # top-level groups of the parameters (None: all)
+    reference: Callable[[Params, Params | None], Params] = _stored_reference
+
+    def part(self, params: Params) -> Params:
+        """The trained part of `params`: what the gradient and the optimizer see."""
+        return params if self.trained is None else {k: params[k] for k in self.trained}
+
+    def merge(self, params: Params, part: Params) -> Params:
+        """`params` with its trained part replaced by `part`."""
+        return part if self.trained is None else params | part
 
 
 def last_token_mask(mask: jax.Array) -> jax.Array:
@@ -207,6 +232,7 @@ def make_token_ppo_update(
     optimizer: optax.GradientTransformation,
     hp: TokenPPOHyperparams,
     constrain_rows: Callable[[jax.Array], jax.Array] = lambda x: x,
+    finetuning: Finetuning = Finetuning(),
 ) -> Callable[[TokenTrainState, Batch], tuple[TokenTrainState, dict[str, jax.Array]]]:
     """Return `update(state, rollout) -> (state, metrics)`, one token-level PPO update.
 
@@ -214,9 +240,10 @@ def make_token_ppo_update(
     ids, behaviour `log_prob`/`value` `[T, B, M]`, `reward`, `bootstrap_value` `[T, B]`
     float32, `terminated`, `truncated`, `valid` `[T, B]` and `last_value [B]`. Minibatches are
     drawn over messages; `constrain_rows` pins arrays whose leading axis is the message axis.
+    `finetuning` says which parameters are trained (the optimizer holds state for those
+    alone) and which are the reference policy's.
     """
     loss_fn = make_token_ppo_loss(score_fn, hp)
-    grad_fn = jax.grad(loss_fn, has_aux=True)
 
     def update(state: TokenTrainState, rollout: Batch) -> tuple[TokenTrainState, Any]:
         t, b = rollout["reward"].shape
@@ -224,7 +251,8 @@ def make_token_ppo_update(
         rows = lambda x: constrain_rows(x.reshape((num_rows,) + x.shape[2:]))  # noqa: E731
         obs, action = rows(rollout["obs"]), rows(rollout["action"])
         # The reference policy's log-probs of what was generated, once per update.
-        ref_log_prob, _, _, token_mask = score_fn(state.ref_params, obs, action)
+        reference = finetuning.reference(state.params, state.ref_params)
+        ref_log_prob, _, _, token_mask = score_fn(reference, obs, action)
         ref_log_prob = ref_log_prob.reshape(t, b, -1)
         valid = rollout["valid"].astype(jnp.float32)
         mask = token_mask.reshape(t, b, -1) * valid[:, :, None]
@@ -262,10 +290,15 @@ def make_token_ppo_update(
             "mask": rows(mask),
         }
         key, epoch_key = jax.random.split(state.key)
-        params, opt_state, metrics = minibatch_epochs(
-            grad_fn,
+
+        # Gradients of the trained part only: the frozen rest is a constant of the loss.
+        def part_loss(part: Params, mb: Batch, clip_eps: jax.Array):
+            return loss_fn(finetuning.merge(state.params, part), mb, clip_eps)
+
+        part, opt_state, metrics = minibatch_epochs(
+            jax.grad(part_loss, has_aux=True),
             optimizer,
-            (state.params, state.opt_state),
+            (finetuning.part(state.params), state.opt_state),
             flat,
             epoch_key,
             hp.num_epochs,
@@ -284,7 +317,10 @@ def make_token_ppo_update(
         metrics["trained_rows"] = jnp.sum(rollout["valid"].astype(jnp.int32))
         metrics["trained_tokens"] = jnp.sum(mask).astype(jnp.int32)
         new_state = state.replace(
-            params=params, opt_state=opt_state, update_count=state.update_count + 1, key=key
+            params=finetuning.merge(state.params, part),
+            opt_state=opt_state,
+            update_count=state.update_count + 1,
+            key=key,
         )
         return new_state, metrics
 

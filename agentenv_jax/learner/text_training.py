@@ -1,5 +1,6 @@
 """The learner's model on text envs: a language-model actor-critic trained by token-level PPO
-(`algorithms.token_ppo`), with the initial parameters kept frozen as the reference policy."""
+(`algorithms.token_ppo`), with the initial parameters kept frozen as the reference policy (under
+LoRA: the base the adapters adapt, frozen, and no copy)."""
 
 from __future__ import annotations
 
@@ -12,12 +13,14 @@ import numpy as np
 
 from agentenv_jax.algorithms.ppo import float32_moments, make_optimizer
 from agentenv_jax.algorithms.token_ppo import (
+    Finetuning,
     TokenPPOHyperparams,
     TokenTrainState,
     make_token_ppo_update,
 )
-from agentenv_jax.config.schema import ExperimentConfig, PPOConfig
+from agentenv_jax.config.schema import ExperimentConfig, LanguageModelConfig, PPOConfig
 from agentenv_jax.envs.spaces import TextSpec
+from agentenv_jax.networks.lora import ADAPTERS, without_adapters
 from agentenv_jax.networks.text_models import initial_language_model_params, language_model_for
 
 
@@ -37,6 +40,18 @@ def token_ppo_hyperparams(algo: PPOConfig) -> TokenPPOHyperparams:
         advantage=algo.advantage,
         group_size=algo.group_size,
     )
+
+
+def _base_of(params: Any, ref_params: Any) -> Any:
+    return without_adapters(params)
+
+
+def finetuning_of(config: LanguageModelConfig) -> Finetuning:
+    """What token-level PPO trains: every parameter, or with `lora.rank` the adapters and the
+    value head, against the frozen base as the reference."""
+    if not config.lora.rank:
+        return Finetuning()
+    return Finetuning(trained=(ADAPTERS, "value_head"), reference=_base_of)
 
 
 def language_model_training(
@@ -70,15 +85,18 @@ def language_model_training(
     def score(params: Any, context: jax.Array, response: jax.Array):
         return tuple(lm.score(params, context, response, text.pad_id, text.eos_id))
 
-    update = make_token_ppo_update(score, optimizer, token_ppo_hyperparams(algo), constrain_rows)
+    finetuning = finetuning_of(lm_config)
+    update = make_token_ppo_update(
+        score, optimizer, token_ppo_hyperparams(algo), constrain_rows, finetuning
+    )
 
     def train_state(params: Any, key: jax.Array) -> TokenTrainState:
         return TokenTrainState(
             params=params,
             # The reference is the initial policy, frozen: a copy, since the update donates
-            # the state and `params` moves on.
-            ref_params=jax.tree.map(jnp.copy, params),
-            opt_state=optimizer.init(params),
+            # the state and `params` moves on; under LoRA the base, which does not move.
+            ref_params=None if finetuning.trained else jax.tree.map(jnp.copy, params),
+            opt_state=optimizer.init(finetuning.part(params)),
             update_count=jnp.zeros((), jnp.int32),
             key=key,
         )

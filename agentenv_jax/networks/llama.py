@@ -201,8 +201,25 @@ def _rotate(x: jax.Array, cos: jax.Array, sin: jax.Array) -> jax.Array:
     return (x * cos + rotated * sin).astype(x.dtype)
 
 
-def _project(x: jax.Array, layer: Params, name: str, dtype: jnp.dtype) -> jax.Array:
+@dataclasses.dataclass(frozen=True)
+class Adapted:
+    """Low-rank adapters on some of a block's projections (LoRA, `networks.lora`): one
+    layer's `{"q_proj": {"a": [in, rank], "b": [rank, out]}, ...}` and their `scale`
+    (alpha / rank); a projection `W` becomes `W + scale * a @ b`, computed as `x @ W + scale
+    * (x @ a) @ b` so that the sum is never formed."""
+
+    adapters: Params
+    scale: float
+
+
+def _project(
+    x: jax.Array, layer: Params, name: str, dtype: jnp.dtype, adapted: Adapted | None = None
+) -> jax.Array:
     y = x @ layer[f"{name}_proj"].astype(dtype)
+    adapter = None if adapted is None else adapted.adapters.get(f"{name}_proj")
+    if adapter is not None:
+        low_rank = (x @ adapter["a"].astype(dtype)) @ adapter["b"].astype(dtype)
+        y = y + (adapted.scale * low_rank).astype(y.dtype)
     bias = layer.get(f"{name}_bias")
     return y if bias is None else y + bias.astype(dtype)
 
@@ -216,8 +233,10 @@ def _block(
     allowed: jax.Array,
     dtype: jnp.dtype,
     cached: tuple[jax.Array, jax.Array, jax.Array] | None = None,
+    adapted: Adapted | None = None,
 ) -> tuple[jax.Array, jax.Array, jax.Array]:
-    """One block over `x` `[B, T, hidden]`: `(x, keys, values)`. Without `cached` the queries
+    """One block over `x` `[B, T, hidden]` (its projections `adapted` where given):
+    `(x, keys, values)`. Without `cached` the queries
     attend over the T tokens' own keys and values (`allowed` `[B, T, T]`), which it returns;
     with `cached = (keys, values, index)` (`[B, S, kv_heads, head_dim]` and a slot) the tokens'
     keys and values are written at slots `index...` and the queries attend over all S slots
@@ -226,9 +245,9 @@ def _block(
     hd, kv_heads = spec.head_dim, spec.num_kv_heads
     groups = spec.num_heads // kv_heads
     h = _rms_norm(x, layer["input_layernorm"], spec.rms_norm_eps)
-    q = _project(h, layer, "q", dtype).reshape(batch, length, spec.num_heads, hd)
-    k = _project(h, layer, "k", dtype).reshape(batch, length, kv_heads, hd)
-    v = _project(h, layer, "v", dtype).reshape(batch, length, kv_heads, hd)
+    q = _project(h, layer, "q", dtype, adapted).reshape(batch, length, spec.num_heads, hd)
+    k = _project(h, layer, "k", dtype, adapted).reshape(batch, length, kv_heads, hd)
+    v = _project(h, layer, "v", dtype, adapted).reshape(batch, length, kv_heads, hd)
     if spec.qk_norm:
         q = _rms_norm(q, layer["q_norm"], spec.rms_norm_eps)
         k = _rms_norm(k, layer["k_norm"], spec.rms_norm_eps)
@@ -245,10 +264,11 @@ def _block(
     scores = jnp.where(allowed[:, None, None], scores / math.sqrt(hd), jnp.finfo(jnp.float32).min)
     weights = jax.nn.softmax(scores, axis=-1).astype(dtype)
     attended = jnp.einsum("bkgts,bskd->btkgd", weights, v.astype(dtype))
-    x = x + _project(attended.reshape(batch, length, -1), layer, "o", dtype)
+    x = x + _project(attended.reshape(batch, length, -1), layer, "o", dtype, adapted)
     h = _rms_norm(x, layer["post_attention_layernorm"], spec.rms_norm_eps)
-    gated = jax.nn.silu(_project(h, layer, "gate", dtype)) * _project(h, layer, "up", dtype)
-    return x + _project(gated, layer, "down", dtype), k, v
+    gate = _project(h, layer, "gate", dtype, adapted)
+    gated = jax.nn.silu(gate) * _project(h, layer, "up", dtype, adapted)
+    return x + _project(gated, layer, "down", dtype, adapted), k, v
 
 
 def _rotary(spec: LlamaSpec, positions: jax.Array, dtype: jnp.dtype) -> tuple[jax.Array, ...]:
@@ -267,6 +287,7 @@ def run_layers(
     dtype=jnp.float32,
     cache: tuple[jax.Array, jax.Array, jax.Array] | None = None,
     remat: bool = False,
+    adapted: Adapted | None = None,
 ) -> tuple[jax.Array, jax.Array, jax.Array]:
     """The final normed hidden state `[B, T, hidden]` of `tokens` at `positions` `[B, T]`, and
     every layer's keys and values `[layers, B, ., kv_heads, head_dim]`. Without `cache` each
@@ -274,17 +295,27 @@ def run_layers(
     own; with `cache = (keys, values, index)` they are written into the cache at slot `index`
     and each token attends over its slots where `allowed` `[B, T, S]` says. `remat` recomputes
     each block's activations in the backward pass instead of keeping them (`jax.checkpoint`
-    per block: activation memory of one block, not of every layer, for ~1/3 more compute)."""
+    per block: activation memory of one block, not of every layer, for ~1/3 more compute).
+    `adapted`: LoRA adapters of every layer, stacked `[layers, ...]` like the layers."""
     cos, sin = _rotary(spec, positions, dtype)
     x = params["embed_tokens"][tokens].astype(dtype)
+    scale = 1.0 if adapted is None else adapted.scale
+    adapters = {} if adapted is None else adapted.adapters
+
+    def layer_adapted(layer_adapters: Params) -> Adapted | None:
+        return Adapted(layer_adapters, scale) if layer_adapters else None
+
     if cache is None:
 
-        def fresh(x: jax.Array, layer: Params) -> tuple[jax.Array, tuple[jax.Array, jax.Array]]:
-            x, k, v = _block(spec, x, layer, cos, sin, allowed, dtype)
+        def fresh(x: jax.Array, xs: tuple) -> tuple[jax.Array, tuple[jax.Array, jax.Array]]:
+            layer, layer_adapters = xs
+            x, k, v = _block(
+                spec, x, layer, cos, sin, allowed, dtype, adapted=layer_adapted(layer_adapters)
+            )
             return x, (k, v)
 
         x, (keys, values) = jax.lax.scan(
-            jax.checkpoint(fresh) if remat else fresh, x, params["layers"]
+            jax.checkpoint(fresh) if remat else fresh, x, (params["layers"], adapters)
         )
     else:
         cache_keys, cache_values, index = cache
@@ -292,15 +323,25 @@ def run_layers(
         # The cache rides in the carry and is updated in place, one layer's slots at a time.
         def cached(carry: tuple, xs: tuple) -> tuple[tuple, None]:
             x, keys, values = carry
-            layer, i = xs
-            x, k, v = _block(spec, x, layer, cos, sin, allowed, dtype, (keys[i], values[i], index))
+            layer, layer_adapters, i = xs
+            x, k, v = _block(
+                spec,
+                x,
+                layer,
+                cos,
+                sin,
+                allowed,
+                dtype,
+                (keys[i], values[i], index),
+                layer_adapted(layer_adapters),
+            )
             keys = jax.lax.dynamic_update_index_in_dim(keys, k, i, axis=0)
             values = jax.lax.dynamic_update_index_in_dim(values, v, i, axis=0)
             return (x, keys, values), None
 
         layer_index = jnp.arange(spec.num_layers)
         (x, keys, values), _ = jax.lax.scan(
-            cached, (x, cache_keys, cache_values), (params["layers"], layer_index)
+            cached, (x, cache_keys, cache_values), (params["layers"], adapters, layer_index)
         )
     return _rms_norm(x, params["norm"], spec.rms_norm_eps), keys, values
 

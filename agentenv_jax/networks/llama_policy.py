@@ -5,7 +5,9 @@ serve the transformer trained from scratch.
 
 Parameters: `{"policy": <the checkpoint's tree>, "value_head": {"kernel": [hidden, 1], "bias":
 [1]}}`, and with `critic="separate"` a `"critic"` trunk of the same family (a copy of the
-pretrained one at the start) whose hidden state feeds the value head instead.
+pretrained one at the start) whose hidden state feeds the value head instead. With `lora`,
+`"lora": {trunk: adapters}` (`networks.lora`) adapt the one frozen `"policy"` tree: a separate
+critic is that base with adapters of its own, not a second copy.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from agentenv_jax.networks.language_model import (
     scoring_functions,
 )
 from agentenv_jax.networks.llama import (
+    Adapted,
     LlamaSpec,
     causal_allowed,
     output_logits,
@@ -35,6 +38,7 @@ from agentenv_jax.networks.llama import (
     positions_of,
     run_layers,
 )
+from agentenv_jax.networks.lora import ADAPTERS, LoRASpec, adapted, adapter_shapes, init_adapters
 
 _INIT_STD = 0.02  # of random weight matrices, as the family's configs' initializer_range
 _DTYPES = ("float32", "bfloat16")
@@ -49,6 +53,7 @@ class LlamaPolicySpec:
     critic: Literal["shared", "separate"] = "shared"
     dtype: str = "float32"  # compute dtype of the matmuls
     remat: bool = False  # recompute each block's activations in the backward pass
+    lora: LoRASpec | None = None  # adapters on the frozen base (None: every weight is trained)
 
     def __post_init__(self) -> None:
         if self.critic not in ("shared", "separate"):
@@ -62,7 +67,16 @@ class LlamaPolicySpec:
 
     @property
     def trunks(self) -> tuple[str, ...]:
+        """The trunks the policy runs: its own, and a critic's."""
         return ("policy", "critic") if self.critic == "separate" else ("policy",)
+
+    @property
+    def base_trunks(self) -> tuple[str, ...]:
+        """The trunks whose weights it holds: under LoRA, one base that every trunk adapts."""
+        return ("policy",) if self.lora is not None else self.trunks
+
+    def base_of(self, trunk: str) -> str:
+        return trunk if trunk in self.base_trunks else "policy"
 
 
 def value_head_shapes(spec: LlamaPolicySpec) -> dict[str, tuple[int, ...]]:
@@ -102,6 +116,15 @@ def random_trunk(model: LlamaSpec, key: jax.Array, name: str = "policy") -> Para
     )
 
 
+def init_lora(spec: LlamaPolicySpec, key: jax.Array) -> Params:
+    """`{"lora": {trunk: adapters}}` for each trunk the policy runs, or `{}` without LoRA."""
+    if spec.lora is None:
+        return {}
+    return {
+        ADAPTERS: {name: init_adapters(spec.model, spec.lora, key, name) for name in spec.trunks}
+    }
+
+
 def make_llama_policy(spec: LlamaPolicySpec) -> LanguageModel:
     """The `LanguageModel` functions of a Llama-family policy with a value head."""
     model, dtype = spec.model, jnp.dtype(spec.dtype)
@@ -125,16 +148,21 @@ def make_llama_policy(spec: LlamaPolicySpec) -> LanguageModel:
                 f"{spec.max_length}"
             )
 
+    def trunk(params: Params, name: str) -> tuple[Params, Adapted | None]:
+        return params[spec.base_of(name)], adapted(params, name, spec.lora)
+
     def init(key: jax.Array) -> Params:
         params = {
-            trunk: random_trunk(model, jax.random.fold_in(key, i), trunk)
-            for i, trunk in enumerate(spec.trunks)
+            name: random_trunk(model, jax.random.fold_in(key, i), name)
+            for i, name in enumerate(spec.base_trunks)
         }
-        return params | {"value_head": init_value_head(spec, key)}
+        return params | {"value_head": init_value_head(spec, key)} | init_lora(spec, key)
 
     def param_shapes() -> Any:
-        shapes = {trunk: parameter_shapes(model) for trunk in spec.trunks}
+        shapes = {name: parameter_shapes(model) for name in spec.base_trunks}
         shapes["value_head"] = value_head_shapes(spec)
+        if spec.lora is not None:
+            shapes[ADAPTERS] = {name: adapter_shapes(model, spec.lora) for name in spec.trunks}
         return jax.tree.map(
             lambda shape: jax.ShapeDtypeStruct(shape, jnp.float32),
             shapes,
@@ -145,11 +173,19 @@ def make_llama_policy(spec: LlamaPolicySpec) -> LanguageModel:
         check_length(tokens.shape[1], "a token sequence")
         positions, allowed = positions_of(mask), causal_allowed(mask)
         hidden, kv = {}, {}
-        for trunk in spec.trunks:
-            hidden[trunk], keys, values = run_layers(
-                model, params[trunk], tokens, positions, allowed, dtype, remat=spec.remat
+        for name in spec.trunks:
+            weights, adapters = trunk(params, name)
+            hidden[name], keys, values = run_layers(
+                model,
+                weights,
+                tokens,
+                positions,
+                allowed,
+                dtype,
+                remat=spec.remat,
+                adapted=adapters,
             )
-            kv[trunk] = (keys, values)
+            kv[name] = (keys, values)
         logits, values = heads(params, hidden)
         return logits, values, kv
 
@@ -182,15 +218,17 @@ def make_llama_policy(spec: LlamaPolicySpec) -> LanguageModel:
     ) -> tuple[KVCache, jax.Array, jax.Array]:
         key_mask, seen, position = decode_slots(cache, index, mask)
         hidden, keys, values = {}, {}, {}
-        for trunk in spec.trunks:
-            hidden[trunk], keys[trunk], values[trunk] = run_layers(
+        for name in spec.trunks:
+            weights, adapters = trunk(params, name)
+            hidden[name], keys[name], values[name] = run_layers(
                 model,
-                params[trunk],
+                weights,
                 token[:, None],
                 position,
                 seen[:, None, :],
                 dtype,
-                (cache.keys[trunk], cache.values[trunk], index),
+                (cache.keys[name], cache.values[name], index),
+                adapted=adapters,
             )
         logits, value = heads(params, hidden)
         return KVCache(keys, values, key_mask), logits[:, 0], value[:, 0]

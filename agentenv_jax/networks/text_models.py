@@ -80,6 +80,7 @@ def language_model_for(config: LanguageModelConfig, text: TextSpec) -> LanguageM
     one response (`context_length + response_length`)."""
     if config.pretrained is not None:
         from agentenv_jax.networks.llama_policy import LlamaPolicySpec, make_llama_policy
+        from agentenv_jax.networks.lora import lora_spec
 
         spec = pretrained_spec(config.pretrained)
         return make_llama_policy(
@@ -89,6 +90,7 @@ def language_model_for(config: LanguageModelConfig, text: TextSpec) -> LanguageM
                 critic=config.value_trunk,
                 dtype=config.dtype,
                 remat=config.remat,
+                lora=lora_spec(config.lora),
             )
         )
     overrides = {name: getattr(config, name) for name in _DIMENSIONS if getattr(config, name)}
@@ -119,7 +121,8 @@ def initial_language_model_params(
 ) -> Any:
     """Random parameters drawn from `key`, the weights of `config.init_from` (checked
     against the model's shapes; `CheckpointError` names the first leaf that does not fit), or
-    the pretrained model's with a new value head (and a copy of its trunk as a separate critic)."""
+    the pretrained model's with a new value head (and a copy of its trunk as a separate critic,
+    or LoRA adapters on it)."""
     if config.pretrained is not None:
         return _pretrained_params(lm, config.pretrained, key)
     if config.init_from is None:
@@ -136,7 +139,7 @@ def initial_language_model_params(
 
 
 def _pretrained_params(lm: LanguageModel, pretrained: str, key: jax.Array) -> Any:
-    from agentenv_jax.networks.llama_policy import init_value_head
+    from agentenv_jax.networks.llama_policy import init_lora, init_value_head
 
     path = pretrained_path(pretrained)
     try:
@@ -150,5 +153,5 @@ def _pretrained_params(lm: LanguageModel, pretrained: str, key: jax.Array) -> An
             _, trunk = load_gguf(path)
     except ConfigError as err:
         raise ConfigError(f"{_FIELD} = {pretrained!r}: {err}") from None
-    params = {name: trunk for name in lm.spec.trunks}
-    return params | {"value_head": init_value_head(lm.spec, key)}
+    params = {name: trunk for name in lm.spec.base_trunks}
+    return params | {"value_head": init_value_head(lm.spec, key)} | init_lora(lm.spec, key)

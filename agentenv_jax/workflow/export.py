@@ -2,7 +2,8 @@
 that `transformers.AutoModelForCausalLM.from_pretrained` loads (and vLLM serves, and llama.cpp
 converts): `config.json`, `model.safetensors`, `generation_config.json`, the tokenizer files and
 the chat template. The value head (and a separate critic's trunk) is saved beside the model, in
-`value_head.safetensors`, which transformers does not read.
+`value_head.safetensors`, which transformers does not read. A LoRA run's adapters are folded
+into the weights they adapt.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ def export_run(run_dir: str | Path, out_dir: str | Path, checkpoint: int | None 
     from safetensors.numpy import save_file
 
     from agentenv_jax.checkpoint.hugging_face import save_folder, tensors_from_params
+    from agentenv_jax.networks.lora import lora_spec, plain_trunks
     from agentenv_jax.networks.text_models import pretrained_spec, text_tokenizer
 
     run_dir, out_dir = Path(run_dir), Path(out_dir)
@@ -50,12 +52,13 @@ def export_run(run_dir: str | Path, out_dir: str | Path, checkpoint: int | None 
         "eos_token_id": tokenizer.eos_id,
         "pad_token_id": tokenizer.pad_id,
     }
-    save_folder(out_dir, spec, params["policy"], **ids)
+    trunks = plain_trunks(params, lora_spec(model.lora))
+    save_folder(out_dir, spec, trunks["policy"], **ids)
     (out_dir / "generation_config.json").write_text(json.dumps(ids, indent=2))
     tokenizer.save(out_dir)
     value = {f"value_head.{name}": array for name, array in params["value_head"].items()}
-    if "critic" in params:
-        value |= tensors_from_params(spec, params["critic"], prefix="critic.")
+    if "critic" in trunks:
+        value |= tensors_from_params(spec, trunks["critic"], prefix="critic.")
     save_file(value, out_dir / VALUE_HEAD_FILE)
     return out_dir
 
