@@ -1,13 +1,15 @@
 """`agentenv export`: a run of a pretrained model (a tiny random Llama saved by transformers
 with SmolLM2's tokenizer) written back as a Hugging Face folder that transformers loads. At
 learning rate ~0 it is the source model (logits, tokenizer, chat template); after a few updates
-its greedy tokens are our sampler's, and its weights are the trained ones, not the source's."""
+its greedy tokens are our sampler's, and its weights are the trained ones, not the source's (a
+LoRA run's adapters folded in)."""
 
 from __future__ import annotations
 
 import jax
 import numpy as np
 import pytest
+from safetensors import safe_open
 
 from agentenv_jax.config.errors import ConfigError
 from agentenv_jax.config.loading import load_config
@@ -48,7 +50,7 @@ def source(tmp_path_factory) -> str:
     return str(folder)
 
 
-def _train(run_dir, name: str, source: str, learning_rate: float) -> str:
+def _train(run_dir, name: str, source: str, learning_rate: float, *extra: str) -> str:
     proc = run_command(
         agentenv_command(
             "train",
@@ -64,6 +66,7 @@ def _train(run_dir, name: str, source: str, learning_rate: float) -> str:
                 "algorithm.rollout_length=2",
                 f"algorithm.learning_rate={learning_rate}",
                 "run.total_env_steps=48",
+                *extra,
             ),
         ),
         timeout=300,
@@ -109,8 +112,20 @@ def test_an_exported_run_is_a_transformers_model(source, run_dir, tmp_path):
     np.testing.assert_allclose(_logits(exported, ids), want, atol=1e-5, rtol=0)
     assert (tmp_path / "still" / "value_head.safetensors").is_file()
 
-    trained = _train(run_dir, "trained", source, 3e-2)
+    # Trained with LoRA adapters on every projection (folded into the exported weights) and a
+    # critic of its own (the same base, other adapters: exported beside the model).
+    trained = _train(
+        run_dir,
+        "trained",
+        source,
+        3e-2,
+        "network.language_model.lora.rank=4",
+        "network.language_model.lora.targets=[q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj]",
+        "network.language_model.value_trunk=separate",
+    )
     out = export_run(trained, tmp_path / "trained")
+    critic = safe_open(out / "value_head.safetensors", "np")
+    assert "critic.model.layers.0.self_attn.q_proj.weight" in critic.keys()
     exported = transformers.AutoModelForCausalLM.from_pretrained(out).eval()
     assert np.abs(_logits(exported, ids) - want).max() > 1e-2  # the trained weights
     with torch.no_grad():

@@ -17,6 +17,7 @@ from test_llama_policy import CONFIG, EOS, PAD, padded_contexts, sharpened
 from test_token_ppo import REWARD, TEXT, make_text_rollout, text_config
 
 from agentenv_jax.checkpoint.hugging_face import save_folder
+from agentenv_jax.checkpoint.store import CheckpointStore
 from agentenv_jax.config.errors import ConfigError
 from agentenv_jax.config.loading import load_config
 from agentenv_jax.config.schema import LanguageModelConfig, LoRAConfig
@@ -163,7 +164,7 @@ def lora_model(tmp_path_factory):
 
 
 @pytest.mark.slow
-def test_an_update_trains_the_adapters_alone_against_the_frozen_base(lora_model):
+def test_an_update_trains_the_adapters_alone_against_the_frozen_base(lora_model, tmp_path):
     from agentenv_jax.networks.text_models import language_model_for
 
     model, language_model = lora_model
@@ -201,3 +202,14 @@ def test_an_update_trains_the_adapters_alone_against_the_frozen_base(lora_model)
     # The reference is the frozen base: the KL the update reports is the policy's to it.
     state, metrics = update(state, make_text_rollout(lm, state.params, seed=1))
     assert float(metrics["kl_to_reference"]) > 1e-4
+    # A checkpoint holds no reference either, and restores as it was saved.
+    store = CheckpointStore(tmp_path, keep=1)
+    store.save(2, state, {"updates": 2})
+    restored, _ = store.restore(state)
+    store.close()
+    assert restored.ref_params is None
+    saved = (state.params, state.opt_state)
+    for got, want in zip(
+        jax.tree.leaves((restored.params, restored.opt_state)), jax.tree.leaves(saved), strict=True
+    ):
+        np.testing.assert_array_equal(got, want)
