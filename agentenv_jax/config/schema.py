@@ -29,6 +29,7 @@ ValueTrunk = Literal["shared", "separate"]
 KLPenalty = Literal["reward", "loss"]
 AdvantageEstimator = Literal["gae", "group"]
 LoRATarget = Literal["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+_ATTENTION: tuple[LoRATarget, ...] = ("q_proj", "k_proj", "v_proj", "o_proj")
 InferencePlace = Literal["env_ranks", "learner"]
 WandbMode = Literal["auto", "online", "offline"]
 
@@ -86,8 +87,7 @@ class LoRAConfig:
 
     rank: int = 0  # adapter rank (0: no adapters, every weight is trained)
     alpha: float = 16.0  # the adapters' output is scaled by alpha / rank
-    # The projections of every block that get adapters (the checkpoint's tensor names).
-    targets: tuple[LoRATarget, ...] = ("q_proj", "k_proj", "v_proj", "o_proj")
+    targets: tuple[LoRATarget, ...] = _ATTENTION  # the projections adapted in every block
 
     def validate(self, prefix: str) -> None:
         _require(self.rank >= 0, f"{prefix}.rank", self.rank, "0 (no adapters) or an integer >= 1")
