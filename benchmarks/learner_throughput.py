@@ -44,7 +44,7 @@ from agentenv_jax.config import load_config
 from agentenv_jax.envs.factory import make_vector_env, vector_env_spaces
 
 
-def _spaces(config):
+def env_spaces(config):
     env = make_vector_env(config.env, 1)
     try:
         return vector_env_spaces(config.env.id, env)
@@ -64,14 +64,14 @@ def _random_field(rng: np.random.Generator, name: str, shape, dtype, num_actions
     return rng.normal(size=shape).astype(dtype)
 
 
-def _memory() -> list[int] | None:
+def peak_memory_per_device() -> list[int] | None:
     stats = [d.memory_stats() for d in jax.local_devices()]
     if any(s is None for s in stats):
         return None
     return [int(s.get("peak_bytes_in_use", s.get("bytes_in_use", 0))) for s in stats]
 
 
-def _time_updates(step, state, batch, warmup: int, updates: int):
+def time_updates(step, state, batch, warmup: int, updates: int):
     for _ in range(warmup):
         state = step(state, batch)
     jax.block_until_ready(state)
@@ -82,25 +82,11 @@ def _time_updates(step, state, batch, warmup: int, updates: int):
     return state, time.perf_counter() - started
 
 
-def ppo_throughput(config, args) -> dict:
-    """PPO's (or, on a text env, token-level PPO's) update as the learner builds it
-    (`on_policy_model`: network, optimizer, update, train state), on its mesh."""
+def synthetic_rollout(config, spaces) -> dict[str, np.ndarray]:
+    """A random rollout of the shapes one update of `config` consumes (host arrays)."""
     from agentenv_jax.buffers.segment_queue import on_policy_segment_spec
-    from agentenv_jax.learner.devices import learner_devices
-    from agentenv_jax.learner.loop import jit_sharded_update, rollout_shapes
-    from agentenv_jax.learner.on_policy_model import on_policy_model
-    from agentenv_jax.parallel.mesh import make_mesh, place_on_mesh, row_constraint
-    from agentenv_jax.parallel.partitioning import check_model_axis_divides, state_shardings
+    from agentenv_jax.learner.loop import rollout_shapes
 
-    spaces = _spaces(config)
-    mesh = make_mesh(learner_devices(config), model=config.topology.model_axis)
-    model = on_policy_model(config, spaces, 1000, row_constraint(mesh))
-    params = model.init_params(jax.random.PRNGKey(0))
-    check_model_axis_divides(params, config.topology.model_axis)
-    state = jax.jit(model.train_state)(params, jax.random.PRNGKey(1))
-    shardings = state_shardings(mesh, state)
-    state = place_on_mesh(mesh, state, shardings)
-    jitted = jit_sharded_update(model.update, mesh, shardings)
     spec = on_policy_segment_spec(
         spaces, config.algorithm.rollout_length, config.env.global_num_envs
     )
@@ -112,8 +98,29 @@ def ppo_throughput(config, args) -> dict:
     if spaces.text is not None:  # token ids: BOS-led contexts, answers ending in EOS
         rollout["obs"][..., 0] = spaces.text.bos_id
         rollout["action"][..., -1] = spaces.text.eos_id
-    rollout = jax.device_put(rollout)
-    _, seconds = _time_updates(
+    return rollout
+
+
+def ppo_throughput(config, args) -> dict:
+    """PPO's (or, on a text env, token-level PPO's) update as the learner builds it
+    (`on_policy_model`: network, optimizer, update, train state), on its mesh."""
+    from agentenv_jax.learner.devices import learner_devices
+    from agentenv_jax.learner.loop import jit_sharded_update
+    from agentenv_jax.learner.on_policy_model import on_policy_model
+    from agentenv_jax.parallel.mesh import make_mesh, place_on_mesh, row_constraint
+    from agentenv_jax.parallel.partitioning import check_model_axis_divides, state_shardings
+
+    spaces = env_spaces(config)
+    mesh = make_mesh(learner_devices(config), model=config.topology.model_axis)
+    model = on_policy_model(config, spaces, 1000, row_constraint(mesh))
+    params = model.init_params(jax.random.PRNGKey(0))
+    check_model_axis_divides(params, config.topology.model_axis)
+    state = jax.jit(model.train_state)(params, jax.random.PRNGKey(1))
+    shardings = state_shardings(mesh, state)
+    state = place_on_mesh(mesh, state, shardings)
+    jitted = jit_sharded_update(model.update, mesh, shardings)
+    rollout = jax.device_put(synthetic_rollout(config, spaces))
+    _, seconds = time_updates(
         lambda st, b: jitted(st, b)[0], state, rollout, args.warmup, args.updates
     )
     rows = config.algorithm.rollout_length * config.env.global_num_envs
@@ -168,7 +175,7 @@ def sac_throughput(config, args) -> dict:
     from agentenv_jax.learner.sac_training import make_sac_training
     from agentenv_jax.parallel.mesh import make_mesh
 
-    spaces = _spaces(config)
+    spaces = env_spaces(config)
     mesh = make_mesh(learner_devices(config))
     batch_size = config.algorithm.batch_size
     obs, act = spaces.obs_shape, (spaces.action_size,)
@@ -188,7 +195,7 @@ def sac_throughput(config, args) -> dict:
     batch["discount"][:] = 0.99
     batch["weight"][:] = 1.0
     batch = jax.device_put(batch)
-    _, seconds = _time_updates(
+    _, seconds = time_updates(
         lambda st, b: training.update(st, b)[0],
         training.initial_state,
         batch,
@@ -201,7 +208,7 @@ def sac_throughput(config, args) -> dict:
 
 def _report(config, mesh, params, rows: int, seconds: float, updates: int, name: str) -> dict:
     count = sum(int(np.prod(x.shape)) for x in jax.tree.leaves(params))
-    memory = _memory()
+    memory = peak_memory_per_device()
     return {
         "algorithm": name,
         "hidden": list(config.network.actor_hidden),
