@@ -9,7 +9,7 @@ import pytest
 
 from agentenv_jax.checkpoint.pretrained import load_language_model, save_language_model
 from agentenv_jax.checkpoint.store import CheckpointError
-from agentenv_jax.networks.generation import Generation, generate
+from agentenv_jax.networks.generation import Generation, generate, sample_categorical
 from agentenv_jax.networks.language_model import (
     LM_SIZES,
     LanguageModel,
@@ -136,6 +136,24 @@ def test_tempered_samples_report_the_policy_log_probs(generated: tuple) -> None:
     assert not np.array_equal(cold.tokens, cached.tokens)
     scores = score_jit(lm, params, context, cold.tokens, PAD, EOS)
     np.testing.assert_allclose(scores.log_probs, cold.log_probs, atol=1e-5)
+
+
+def test_sampling_draws_what_jax_random_categorical_draws() -> None:
+    """The same token for the same key, with masked (-inf) entries, a flat row (the noise alone
+    decides), a certain token, and a vocabulary of SmolLM2's size."""
+    rng = np.random.default_rng(0)
+    logits = rng.normal(size=(16, 49152)).astype(np.float32)
+    logits[:, :100] = -np.inf
+    logits[3] = 0.0
+    logits[5, 7] = 50.0  # one certain token
+    sample = jax.jit(sample_categorical)
+    reference = jax.jit(lambda key, x: jax.random.categorical(key, x, axis=-1))
+    for seed in range(20):
+        key = jax.random.key(seed)
+        got = np.asarray(sample(key, logits))
+        np.testing.assert_array_equal(got, np.asarray(reference(key, logits)))
+        masked_rows = np.delete(got, [3, 5])
+        assert got.dtype == np.int32 and got[5] == 7 and np.all(masked_rows >= 100)
 
 
 def test_response_mask_ends_after_the_first_eos() -> None:

@@ -22,6 +22,18 @@ class Generation(NamedTuple):
     mask: jax.Array
 
 
+def sample_categorical(key: jax.Array, logits: jax.Array) -> jax.Array:
+    """`jax.random.categorical(key, logits, axis=-1)`, the same draw (Gumbel noise, then the
+    first index of the maximum), as two plain reductions: XLA's CPU backend fuses the noise
+    into argmax's index-carrying reduction and runs it unvectorized (12 ms against 4 ms for
+    `[16, 49152]` logits here, a sixth of a SmolLM2 decoding step). `logits` `[B, V]` -> `[B]`
+    int32."""
+    noisy = logits + jax.random.gumbel(key, logits.shape, logits.dtype)
+    top = jnp.max(noisy, axis=-1, keepdims=True)
+    index = jax.lax.broadcasted_iota(jnp.int32, noisy.shape, noisy.ndim - 1)
+    return jnp.min(jnp.where(noisy == top, index, logits.shape[-1]), axis=-1)
+
+
 def generate(
     lm: LanguageModel,
     params: Any,
@@ -59,9 +71,7 @@ def generate(
     def emit(step: jax.Array, logits: jax.Array, value: jax.Array, done: jax.Array) -> tuple:
         """Sample token `step` from `logits` `[B, V]`: `(token, log_prob, value, alive)`."""
         logits = policy_logits(logits, pad_id)
-        sampled = jax.random.categorical(
-            jax.random.fold_in(key, step), logits / temperature, axis=-1
-        ).astype(jnp.int32)
+        sampled = sample_categorical(jax.random.fold_in(key, step), logits / temperature)
         log_prob = jnp.take_along_axis(
             jax.nn.log_softmax(logits, axis=-1), sampled[:, None], axis=-1
         )[:, 0]
