@@ -232,15 +232,18 @@ def _block(
     sin: jax.Array,
     allowed: jax.Array,
     dtype: jnp.dtype,
-    cached: tuple[jax.Array, jax.Array, jax.Array] | None = None,
+    cached: tuple[jax.Array, jax.Array, jax.Array, jax.Array] | None = None,
     adapted: Adapted | None = None,
 ) -> tuple[jax.Array, jax.Array, jax.Array]:
     """One block over `x` `[B, T, hidden]` (its projections `adapted` where given):
-    `(x, keys, values)`. Without `cached` the queries
-    attend over the T tokens' own keys and values (`allowed` `[B, T, T]`), which it returns;
-    with `cached = (keys, values, index)` (`[B, S, kv_heads, head_dim]` and a slot) the tokens'
-    keys and values are written at slots `index...` and the queries attend over all S slots
-    (`allowed` `[B, T, S]`), and it returns the updated cache."""
+    `(x, keys, values)`. Without `cached` the queries attend over the T tokens' own keys and
+    values (`allowed` `[B, T, T]`), which it returns; with `cached = (keys, values, layer,
+    index)` (every layer's cache, `[layers, B, S, kv_heads, head_dim]`, this block's layer and
+    a slot) the tokens' keys and values are written at slots `index...` of the layer and the
+    queries attend over its S slots (`allowed` `[B, T, S]`), and it returns the updated
+    caches. NOTE: the caches are updated where they are, a few slots of one layer, rather than
+    sliced out per layer and written back: in the decode loop that copying moved ten times the
+    bytes of the tokens' own work."""
     batch, length, _ = x.shape
     hd, kv_heads = spec.head_dim, spec.num_kv_heads
     groups = spec.num_heads // kv_heads
@@ -252,12 +255,17 @@ def _block(
         q = _rms_norm(q, layer["q_norm"], spec.rms_norm_eps)
         k = _rms_norm(k, layer["k_norm"], spec.rms_norm_eps)
     q, k = _rotate(q, cos, sin), _rotate(k, cos, sin)
+    kept = k, v
     if cached is not None:
-        cache_keys, cache_values, index = cached
-        k = jax.lax.dynamic_update_slice(cache_keys, k.astype(cache_keys.dtype), (0, index, 0, 0))
-        v = jax.lax.dynamic_update_slice(
-            cache_values, v.astype(cache_values.dtype), (0, index, 0, 0)
+        cache_keys, cache_values, layer_index, index = cached
+        at = (layer_index, 0, index, 0, 0)
+        cache_keys = jax.lax.dynamic_update_slice(cache_keys, k.astype(cache_keys.dtype)[None], at)
+        cache_values = jax.lax.dynamic_update_slice(
+            cache_values, v.astype(cache_values.dtype)[None], at
         )
+        kept = cache_keys, cache_values
+        k = jax.lax.dynamic_index_in_dim(cache_keys, layer_index, keepdims=False)
+        v = jax.lax.dynamic_index_in_dim(cache_values, layer_index, keepdims=False)
     # Grouped-query attention: each key/value head serves `groups` consecutive query heads.
     grouped = q.reshape(batch, length, kv_heads, groups, hd)
     scores = jnp.einsum("btkgd,bskd->bkgts", grouped, k.astype(dtype)).astype(jnp.float32)
@@ -268,7 +276,7 @@ def _block(
     h = _rms_norm(x, layer["post_attention_layernorm"], spec.rms_norm_eps)
     gate = _project(h, layer, "gate", dtype, adapted)
     gated = jax.nn.silu(gate) * _project(h, layer, "up", dtype, adapted)
-    return x + _project(gated, layer, "down", dtype, adapted), k, v
+    return x + _project(gated, layer, "down", dtype, adapted), *kept
 
 
 def _rotary(spec: LlamaSpec, positions: jax.Array, dtype: jnp.dtype) -> tuple[jax.Array, ...]:
@@ -324,7 +332,7 @@ def run_layers(
         def cached(carry: tuple, xs: tuple) -> tuple[tuple, None]:
             x, keys, values = carry
             layer, layer_adapters, i = xs
-            x, k, v = _block(
+            x, keys, values = _block(
                 spec,
                 x,
                 layer,
@@ -332,11 +340,9 @@ def run_layers(
                 sin,
                 allowed,
                 dtype,
-                (keys[i], values[i], index),
+                (keys, values, i, index),
                 layer_adapted(layer_adapters),
             )
-            keys = jax.lax.dynamic_update_index_in_dim(keys, k, i, axis=0)
-            values = jax.lax.dynamic_update_index_in_dim(values, v, i, axis=0)
             return (x, keys, values), None
 
         layer_index = jnp.arange(spec.num_layers)
