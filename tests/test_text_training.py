@@ -261,8 +261,9 @@ def test_central_inference_acts_as_the_env_ranks_own_cnn_policy_would(run_dir):
         ),
         (
             "cartpole_ppo",
-            ["algorithm.kl_coef=0.1"],
-            "are for text envs (token-level PPO); env.id = 'CartPole-v1' is not one",
+            ["algorithm.kl_coef=0.1", "algorithm.loss_aggregation=sequence"],
+            "algorithm.kl_coef, algorithm.loss_aggregation: for text envs (token-level PPO); "
+            "env.id = 'CartPole-v1' is not one",
         ),
         (
             "guess_number_ppo",

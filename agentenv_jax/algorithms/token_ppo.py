@@ -27,7 +27,6 @@ from agentenv_jax.algorithms.ppo import (
     Batch,
     Params,
     approx_kl,
-    clipped_surrogate_loss,
     masked_mean,
     minibatch_epochs,
     standardize,
@@ -68,8 +67,16 @@ class TokenPPOHyperparams:
     normalize_advantages: bool
     kl_coef: float
     kl_penalty: str  # "reward" or "loss"
-    advantage: str  # "gae" or "group"
+    advantage: str  # "gae", "group" or "rloo"
     group_size: int
+    kl_estimator: str = "k3"  # of the loss term: "k1" or "k3"
+    scale_group_rewards: bool = True
+    loss_aggregation: str = "token"  # "token", "sequence" or "constant"
+    clip_eps_high: float | None = None  # None: clip_eps
+    importance_ratio: str = "token"  # "token" or "sequence" (GSPO)
+    dynamic_sampling: bool = False
+    overlong_buffer: int = 0
+    overlong_penalty: float = 1.0
 
 
 def _stored_reference(params: Params, ref_params: Params) -> Params:
@@ -170,18 +177,92 @@ def token_gae(
 
 
 def group_advantages(
-    reward: jax.Array, valid: jax.Array, group_size: int, eps: float = 1e-6
+    reward: jax.Array, valid: jax.Array, group_size: int, eps: float = 1e-6, scale: bool = True
 ) -> jax.Array:
-    """GRPO's critic-free advantage: `reward [T, B]` standardized over each group of
-    `group_size` consecutive envs (the answers to one prompt), over valid rows `valid [T, B]`.
-    Returns `[T, B]` (0 on invalid rows; 0 for a group whose answers all scored alike)."""
+    """GRPO's critic-free advantage: `reward [T, B]` minus its group's mean, over each group of
+    `group_size` consecutive envs (the answers to one prompt) and its valid rows `valid [T, B]`,
+    divided by the group's std when `scale` (GRPO; Dr. GRPO does not). Returns `[T, B]` (0 on
+    invalid rows; 0 for a group whose answers all scored alike)."""
     t, b = reward.shape
     r = reward.reshape(t, b // group_size, group_size)
     v = valid.astype(reward.dtype).reshape(r.shape)
     count = jnp.maximum(v.sum(-1, keepdims=True), 1.0)
     mean = (r * v).sum(-1, keepdims=True) / count
-    std = jnp.sqrt((((r - mean) ** 2) * v).sum(-1, keepdims=True) / count)
-    return ((r - mean) / (std + eps) * v).reshape(t, b)
+    centred = (r - mean) * v
+    if scale:
+        std = jnp.sqrt((centred**2).sum(-1, keepdims=True) / count)
+        centred = centred / (std + eps)
+    return centred.reshape(t, b)
+
+
+def rloo_advantages(reward: jax.Array, valid: jax.Array, group_size: int) -> jax.Array:
+    """RLOO's advantage: each valid answer's reward minus the mean reward of the other valid
+    answers of its group (`[T, B]`, groups of `group_size` consecutive envs). 0 on invalid rows
+    and where a group has fewer than two valid answers."""
+    t, b = reward.shape
+    r = reward.reshape(t, b // group_size, group_size)
+    v = valid.astype(reward.dtype).reshape(r.shape)
+    count = v.sum(-1, keepdims=True)
+    others_mean = ((r * v).sum(-1, keepdims=True) - r) / jnp.maximum(count - 1.0, 1.0)
+    return ((r - others_mean) * v * (count >= 2)).reshape(t, b)
+
+
+def alike_groups(reward: jax.Array, valid: jax.Array, group_size: int) -> jax.Array:
+    """`[T, B]` bool: the row's group has valid answers and they all have the same reward (a
+    group that teaches nothing, which dynamic sampling leaves out)."""
+    t, b = reward.shape
+    r = reward.reshape(t, b // group_size, group_size)
+    v = valid.astype(bool).reshape(r.shape)
+    highest = jnp.max(jnp.where(v, r, -jnp.inf), axis=-1, keepdims=True)
+    lowest = jnp.min(jnp.where(v, r, jnp.inf), axis=-1, keepdims=True)
+    alike = (highest <= lowest) & v.any(-1, keepdims=True)
+    return jnp.broadcast_to(alike, r.shape).reshape(t, b)
+
+
+def overlong_penalty(
+    lengths: jax.Array, response_length: int, buffer: int, penalty: float
+) -> jax.Array:
+    """DAPO's soft overlong punishment of answers of `lengths` tokens: 0 up to `response_length
+    - buffer`, then falling linearly to `-penalty` at `response_length`."""
+    if buffer == 0:
+        return jnp.zeros_like(lengths, jnp.float32)
+    over = (lengths.astype(jnp.float32) - (response_length - buffer)) / buffer
+    return -penalty * jnp.clip(over, 0.0, 1.0)
+
+
+def aggregate(per_token: jax.Array, mask: jax.Array, how: str) -> jax.Array:
+    """One number from per-token losses `[N, M]` over the tokens where `mask` is 1: "token"
+    (their mean: DAPO), "sequence" (the mean over answers with tokens of each answer's mean:
+    GRPO) or "constant" (their sum / (N * M): Dr. GRPO, which weighs every token alike
+    whatever its answer's length)."""
+    mask = mask.astype(per_token.dtype)
+    if how == "token":
+        return masked_mean(per_token, mask)
+    if how == "constant":
+        return jnp.sum(per_token * mask) / (per_token.shape[0] * per_token.shape[1])
+    lengths = mask.sum(-1)
+    per_answer = (per_token * mask).sum(-1) / jnp.maximum(lengths, 1.0)
+    answered = (lengths > 0).astype(per_token.dtype)
+    return jnp.sum(per_answer * answered) / jnp.maximum(jnp.sum(answered), 1.0)
+
+
+def sequence_log_ratio(log_ratio: jax.Array, mask: jax.Array) -> jax.Array:
+    """GSPO's ratio: each answer's mean per-token log-ratio, on every one of its tokens
+    (`[N, M]`; 0 where `mask` is 0)."""
+    mask = mask.astype(log_ratio.dtype)
+    mean = (log_ratio * mask).sum(-1, keepdims=True) / jnp.maximum(mask.sum(-1, keepdims=True), 1)
+    return mean * mask
+
+
+def surrogate_per_token(
+    log_ratio: jax.Array, advantages: jax.Array, clip_low: float, clip_high: float
+) -> tuple[jax.Array, jax.Array]:
+    """PPO's clipped surrogate per token, `-min(r A, clip(r, 1 - low, 1 + high) A)`, with
+    separate lower and upper clips (DAPO's clip-higher), and whether each ratio was clipped."""
+    ratio = jnp.exp(log_ratio)
+    clipped = jnp.clip(ratio, 1.0 - clip_low, 1.0 + clip_high)
+    loss = -jnp.minimum(ratio * advantages, clipped * advantages)
+    return loss, ((ratio < 1.0 - clip_low) | (ratio > 1.0 + clip_high)).astype(jnp.float32)
 
 
 def kl_k3(log_prob: jax.Array, ref_log_prob: jax.Array) -> jax.Array:
@@ -197,6 +278,8 @@ def make_token_ppo_loss(
     """The loss of one minibatch of messages: `obs [N, L]`, `action [N, M]`, `log_prob`,
     `value`, `ref_log_prob`, `advantage`, `return`, `mask` (all `[N, M]`)."""
 
+    clip_high = hp.clip_eps if hp.clip_eps_high is None else hp.clip_eps_high
+
     def loss_fn(params: Params, mb: Batch, clip_eps: jax.Array):
         log_probs, values, entropy, _ = score_fn(params, mb["obs"], mb["action"])
         mask = mb["mask"]
@@ -204,21 +287,30 @@ def make_token_ppo_loss(
         advantages = mb["advantage"]
         if hp.normalize_advantages:
             advantages = standardize(advantages, mask)
-        policy_loss, clip_fraction = clipped_surrogate_loss(log_ratio, advantages, clip_eps, mask)
-        entropy_mean = masked_mean(entropy, mask)
+        ratio = (
+            sequence_log_ratio(log_ratio, mask) if hp.importance_ratio == "sequence" else log_ratio
+        )
+        per_token, clipped = surrogate_per_token(ratio, advantages, clip_eps, clip_high)
+        policy_loss = aggregate(per_token, mask, hp.loss_aggregation)
+        entropy_mean = aggregate(entropy, mask, hp.loss_aggregation)
         total = policy_loss - hp.ent_coef * entropy_mean
         metrics = {
             "loss/policy": policy_loss,
             "loss/entropy": entropy_mean,
             "approx_kl": approx_kl(log_ratio, mask),
-            "clip_fraction": clip_fraction,
+            "clip_fraction": masked_mean(clipped, mask),
         }
         if hp.advantage == "gae":
             v_loss = value_loss(values, mb["value"], mb["return"], hp.value_clip_eps, mask)
             total = total + hp.vf_coef * v_loss
             metrics["loss/value"] = v_loss
         if hp.kl_coef > 0 and hp.kl_penalty == "loss":
-            kl = masked_mean(kl_k3(log_probs, mb["ref_log_prob"]), mask)
+            per_token_kl = (
+                kl_k3(log_probs, mb["ref_log_prob"])
+                if hp.kl_estimator == "k3"
+                else log_probs - mb["ref_log_prob"]
+            )
+            kl = aggregate(per_token_kl, mask, hp.loss_aggregation)
             total = total + hp.kl_coef * kl
             metrics["loss/kl"] = kl
         metrics["loss/total"] = total
@@ -254,18 +346,30 @@ def make_token_ppo_update(
         reference = finetuning.reference(state.params, state.ref_params)
         ref_log_prob, _, _, token_mask = score_fn(reference, obs, action)
         ref_log_prob = ref_log_prob.reshape(t, b, -1)
-        valid = rollout["valid"].astype(jnp.float32)
-        mask = token_mask.reshape(t, b, -1) * valid[:, :, None]
+        received = valid = rollout["valid"].astype(jnp.float32)
+        token_mask = token_mask.reshape(t, b, -1)
+        reward = rollout["reward"] + valid * overlong_penalty(
+            token_mask.sum(-1), token_mask.shape[-1], hp.overlong_buffer, hp.overlong_penalty
+        )
+        dropped = None
+        if hp.dynamic_sampling:
+            dropped = alike_groups(reward, valid, hp.group_size)
+            valid = valid * (1.0 - dropped)
+        mask = token_mask * valid[:, :, None]
         behaviour = rollout["log_prob"] * mask
         sample_kl = (behaviour - ref_log_prob) * mask  # log pi_behaviour - log pi_ref, per token
         terminated = rollout["terminated"].astype(bool)
         truncated = rollout["truncated"].astype(bool)
-        if hp.advantage == "group":
-            per_message = group_advantages(rollout["reward"], valid, hp.group_size)
+        if hp.advantage != "gae":
+            per_message = (
+                group_advantages(reward, valid, hp.group_size, scale=hp.scale_group_rewards)
+                if hp.advantage == "group"
+                else rloo_advantages(reward, valid, hp.group_size)
+            )
             advantages = per_message[:, :, None] * mask
             returns = jnp.zeros_like(advantages)
         else:
-            rewards = last_token_mask(mask) * rollout["reward"][:, :, None]
+            rewards = last_token_mask(mask) * reward[:, :, None]
             if hp.kl_coef > 0 and hp.kl_penalty == "reward":
                 rewards = rewards - hp.kl_coef * sample_kl
             advantages, returns = token_gae(
@@ -313,9 +417,13 @@ def make_token_ppo_update(
             metrics["value_error"] = masked_mean((returns - rollout["value"]) ** 2, mask)
             metrics["value_target_mean"] = masked_mean(returns, mask)
         metrics["response_length_mean"] = tokens / jnp.maximum(jnp.sum(valid), 1.0)
+        if dropped is not None:
+            metrics["groups_dropped"] = jnp.sum(dropped) / hp.group_size
         # Counted here, from what the device holds, for the run's accounting.
         metrics["trained_rows"] = jnp.sum(rollout["valid"].astype(jnp.int32))
-        metrics["trained_tokens"] = jnp.sum(mask).astype(jnp.int32)
+        # Every valid message's tokens, those of groups dynamic sampling left out too: they
+        # were consumed by this update (the run's token accounting reconciles on them).
+        metrics["trained_tokens"] = jnp.sum(token_mask * received[:, :, None]).astype(jnp.int32)
         new_state = state.replace(
             params=finetuning.merge(state.params, part),
             opt_state=opt_state,

@@ -27,7 +27,10 @@ PolicySharing = Literal["shared", "per_group"]
 LanguageModelSize = Literal["tiny", "small", "base", "large"]
 ValueTrunk = Literal["shared", "separate"]
 KLPenalty = Literal["reward", "loss"]
-AdvantageEstimator = Literal["gae", "group"]
+AdvantageEstimator = Literal["gae", "group", "rloo"]
+LossAggregation = Literal["token", "sequence", "constant"]
+ImportanceRatio = Literal["token", "sequence"]
+KLEstimator = Literal["k1", "k3"]
 LoRATarget = Literal["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 _ATTENTION: tuple[LoRATarget, ...] = ("q_proj", "k_proj", "v_proj", "o_proj")
 InferencePlace = Literal["env_ranks", "learner"]
@@ -214,14 +217,31 @@ class PPOConfig:
     # (TRL, OpenRLHF) or as a loss term (k3 estimator, as GRPO does).
     kl_coef: float = 0.0  # text envs: weight of the KL to the reference policy (0: none)
     kl_penalty: KLPenalty = "reward"  # text envs: the KL as a per-token reward or a loss term
+    kl_estimator: KLEstimator = "k3"  # text envs: the loss term's estimator, k1 or k3
     # group: critic-free, each answer's advantage is its reward standardized over the
-    # group_size answers to the same prompt (GRPO); needs a single-turn text env.
-    advantage: AdvantageEstimator = "gae"  # text envs: gae (critic), or group (critic-free)
+    # group_size answers to the same prompt (GRPO); rloo: its reward minus the mean of the
+    # others' (RLOO). Both need a single-turn text env.
+    advantage: AdvantageEstimator = "gae"  # text envs: gae (critic), group or rloo (no critic)
     group_size: int = 1  # text envs: answers per prompt (envs in a row share each prompt)
+    scale_group_rewards: bool = True  # group: divide by the group's std (false: Dr. GRPO)
+    # How the per-token losses of a minibatch become one number: token (the mean over its
+    # tokens: DAPO), sequence (the mean over answers of each answer's token mean: GRPO) or
+    # constant (their sum over answers x response_length: Dr. GRPO).
+    loss_aggregation: LossAggregation = "token"  # text envs: token, sequence or constant
+    clip_eps_high: float | None = None  # text envs: upper ratio clip (clip-higher; None: clip_eps)
+    importance_ratio: ImportanceRatio = "token"  # text envs: per token, or per answer (GSPO)
+    # Groups whose answers all scored alike teach nothing: drop them from the loss (counted).
+    dynamic_sampling: bool = False  # group/rloo: leave out groups of equal rewards
+    # DAPO's soft overlong punishment: answers in the last overlong_buffer tokens of the
+    # response length lose up to overlong_penalty, linearly in how far into it they run.
+    overlong_buffer: int = 0  # text envs: tokens before the response length (0: off)
+    overlong_penalty: float = 1.0  # text envs: the penalty of an answer that fills the length
 
     def validate(self, prefix: str) -> None:
         checks = [
             ("kl_coef", self.kl_coef >= 0.0, "a number >= 0"),
+            ("overlong_buffer", self.overlong_buffer >= 0, "an integer >= 0"),
+            ("overlong_penalty", self.overlong_penalty >= 0.0, "a number >= 0"),
             ("group_size", self.group_size >= 1, "an integer >= 1"),
             ("rollout_length", self.rollout_length >= 1, "an integer >= 1"),
             ("num_epochs", self.num_epochs >= 1, "an integer >= 1"),
@@ -244,11 +264,40 @@ class PPOConfig:
             "null or a number > 0",
         )
         _require(
-            self.advantage != "group" or self.group_size >= 2,
+            self.clip_eps_high is None or self.clip_eps_high > 0.0,
+            f"{prefix}.clip_eps_high",
+            self.clip_eps_high,
+            "null (clip_eps) or a number > 0",
+        )
+        _require(
+            self.advantage == "gae" or self.group_size >= 2,
             f"{prefix}.group_size",
             self.group_size,
-            f"an integer >= 2 with {prefix}.advantage = 'group' (answers per prompt)",
+            f"an integer >= 2 with {prefix}.advantage = {self.advantage!r} (answers per prompt)",
         )
+        _require(
+            not self.dynamic_sampling or self.advantage != "gae",
+            f"{prefix}.dynamic_sampling",
+            self.dynamic_sampling,
+            f"false unless {prefix}.advantage is group or rloo (it drops groups of answers)",
+        )
+
+    def text_settings(self) -> list[str]:
+        """The settings only token-level PPO reads that differ from their defaults."""
+        default = PPOConfig()
+        names = [
+            "kl_coef",
+            "kl_estimator",
+            "advantage",
+            "group_size",
+            "scale_group_rewards",
+            "loss_aggregation",
+            "clip_eps_high",
+            "importance_ratio",
+            "dynamic_sampling",
+            "overlong_buffer",
+        ]
+        return [name for name in names if getattr(self, name) != getattr(default, name)]
 
 
 @dataclass(frozen=True)

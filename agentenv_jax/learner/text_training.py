@@ -39,6 +39,14 @@ def token_ppo_hyperparams(algo: PPOConfig) -> TokenPPOHyperparams:
         kl_penalty=algo.kl_penalty,
         advantage=algo.advantage,
         group_size=algo.group_size,
+        kl_estimator=algo.kl_estimator,
+        scale_group_rewards=algo.scale_group_rewards,
+        loss_aggregation=algo.loss_aggregation,
+        clip_eps_high=algo.clip_eps_high,
+        importance_ratio=algo.importance_ratio,
+        dynamic_sampling=algo.dynamic_sampling,
+        overlong_buffer=algo.overlong_buffer,
+        overlong_penalty=algo.overlong_penalty,
     )
 
 

@@ -95,13 +95,12 @@ def check_text_settings(config: ExperimentConfig, spaces: EnvSpaces) -> None:
 
     algo, env_id = config.algorithm, config.env.id
     if spaces.text is None:
-        if algo.name == "ppo" and (
-            algo.kl_coef > 0 or algo.advantage != "gae" or algo.group_size > 1
-        ):
+        text_only = algo.text_settings() if algo.name == "ppo" else []
+        if text_only:
+            names = ", ".join(f"algorithm.{name}" for name in text_only)
             raise EnvError(
-                f"algorithm.kl_coef, algorithm.advantage = 'group' and algorithm.group_size > 1 "
-                f"are for text envs (token-level PPO); env.id = {env_id!r} is not one: set "
-                "kl_coef 0, advantage 'gae' and group_size 1"
+                f"{names}: for text envs (token-level PPO); env.id = {env_id!r} is not one: "
+                "leave them at their defaults"
             )
         return
     if algo.name != "ppo":
@@ -123,9 +122,10 @@ def check_group_baseline(config: ExperimentConfig, vector_env: Any) -> None:
     from agentenv_jax.envs.factory import EnvError
 
     turns = getattr(vector_env, "max_turns", 1)
-    if getattr(config.algorithm, "advantage", "gae") == "group" and turns > 1:
+    advantage = getattr(config.algorithm, "advantage", "gae")
+    if advantage != "gae" and turns > 1:
         raise EnvError(
-            f"algorithm.advantage = 'group' needs a single-turn text env; env.id = "
+            f"algorithm.advantage = {advantage!r} needs a single-turn text env; env.id = "
             f"{config.env.id!r} takes up to {turns} messages per episode (use 'gae')"
         )
 

@@ -1,0 +1,280 @@
+"""The GRPO family on token-level PPO's loss, each variant against a numpy reference on hand-made
+groups: group advantages with and without std scaling (GRPO, Dr. GRPO), RLOO's leave-one-out
+baseline, the token / sequence / constant loss aggregations (DAPO, GRPO, Dr. GRPO), clip-higher,
+GSPO's sequence-level ratio, the k1 and k3 KL terms, DAPO's overlong shaping, and dynamic
+sampling, which leaves out exactly the groups whose answers all scored alike."""
+
+from __future__ import annotations
+
+import itertools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+from agentenv_jax.algorithms.token_ppo import (
+    TokenPPOHyperparams,
+    TokenTrainState,
+    aggregate,
+    alike_groups,
+    group_advantages,
+    make_token_ppo_loss,
+    make_token_ppo_update,
+    overlong_penalty,
+    rloo_advantages,
+    sequence_log_ratio,
+    surrogate_per_token,
+)
+
+# Two prompts (rows) of groups of 4 answers over 8 envs: [T=2, B=8].
+REWARD = np.array(
+    [[1.0, 0.0, 0.0, 1.0, 1.0, 1.0, 1.0, 1.0], [0.5, 0.0, 2.0, 1.0, 0.0, 0.0, 0.0, 3.0]],
+    np.float32,
+)
+VALID = np.array([[1, 1, 1, 1, 1, 1, 1, 1], [1, 1, 0, 1, 1, 1, 1, 0]], np.float32)
+G = 4
+
+
+def _groups(x: np.ndarray) -> np.ndarray:
+    return x.reshape(x.shape[0], -1, G)
+
+
+def numpy_group_advantages(reward, valid, scale: bool, eps: float = 1e-6) -> np.ndarray:
+    out = np.zeros_like(reward)
+    for t, g in itertools.product(range(reward.shape[0]), range(reward.shape[1] // G)):
+        cols = slice(g * G, (g + 1) * G)
+        r, v = reward[t, cols], valid[t, cols] > 0
+        if not v.any():
+            continue
+        centred = r[v] - r[v].mean()
+        if scale:
+            centred = centred / (r[v].std() + eps)
+        out[t, cols][v] = centred
+    return out
+
+
+def numpy_rloo(reward, valid) -> np.ndarray:
+    out = np.zeros_like(reward)
+    for t, g in itertools.product(range(reward.shape[0]), range(reward.shape[1] // G)):
+        members = [g * G + i for i in range(G) if valid[t, g * G + i] > 0]
+        if len(members) < 2:
+            continue
+        for i in members:
+            others = [reward[t, j] for j in members if j != i]
+            out[t, i] = reward[t, i] - np.mean(others)
+    return out
+
+
+@pytest.mark.parametrize("scale", [True, False], ids=["grpo", "dr_grpo"])
+def test_group_advantages_against_numpy(scale):
+    got = group_advantages(jnp.asarray(REWARD), jnp.asarray(VALID), G, scale=scale)
+    np.testing.assert_allclose(got, numpy_group_advantages(REWARD, VALID, scale), atol=1e-5)
+    # The alike group (row 0, envs 4-7: all 1) gets no advantage either way.
+    assert np.all(np.asarray(got)[0, 4:] == 0)
+
+
+def test_rloo_subtracts_the_mean_of_the_other_answers():
+    got = np.asarray(rloo_advantages(jnp.asarray(REWARD), jnp.asarray(VALID), G))
+    np.testing.assert_allclose(got, numpy_rloo(REWARD, VALID), atol=1e-6)
+    # By hand, row 1's first group: valid rewards 0.5, 0, 1 (env 2 invalid).
+    np.testing.assert_allclose(got[1, :4], [0.5 - 0.5, 0 - 0.75, 0.0, 1 - 0.25], atol=1e-6)
+
+
+def test_alike_groups_are_exactly_the_zero_variance_ones():
+    got = np.asarray(alike_groups(jnp.asarray(REWARD), jnp.asarray(VALID), G))
+    # Row 0: [1 0 0 1] differs, [1 1 1 1] alike. Row 1: valid [0.5 0 . 1] differs; valid
+    # [0 0 0 .] alike (the invalid 3.0 does not count).
+    want = np.array([[0] * 4 + [1] * 4, [0] * 4 + [1] * 4], bool)
+    np.testing.assert_array_equal(got, want)
+    none_valid = alike_groups(jnp.asarray(REWARD), jnp.zeros_like(jnp.asarray(VALID)), G)
+    assert not np.any(none_valid)
+
+
+def test_overlong_penalty_falls_linearly_over_the_buffer():
+    lengths = jnp.array([0, 10, 12, 14, 16])
+    got = overlong_penalty(lengths, response_length=16, buffer=4, penalty=0.5)
+    np.testing.assert_allclose(got, [0.0, 0.0, 0.0, -0.25, -0.5])
+    assert np.all(np.asarray(overlong_penalty(lengths, 16, 0, 0.5)) == 0)
+
+
+# -- the loss of one minibatch ----------------------------------------------------------------
+
+N, M = 6, 5
+RNG = np.random.default_rng(0)
+LENGTHS = np.array([5, 1, 3, 0, 2, 5])  # an answer of no tokens (a padding row) included
+MASK = (np.arange(M)[None] < LENGTHS[:, None]).astype(np.float32)
+BEHAVIOUR = RNG.normal(-1.5, 0.3, (N, M)).astype(np.float32) * MASK
+REFERENCE = RNG.normal(-1.5, 0.3, (N, M)).astype(np.float32) * MASK
+ADVANTAGE = (np.repeat(RNG.normal(size=(N, 1)), M, 1) * MASK).astype(np.float32)
+ENTROPY = RNG.uniform(0.5, 2.0, (N, M)).astype(np.float32)
+# The current policy: moved from the behaviour policy by up to +-0.5 per token, so that both
+# clips and the sequence ratio bite.
+CURRENT = (BEHAVIOUR + RNG.uniform(-0.5, 0.5, (N, M)) * MASK).astype(np.float32)
+
+
+def numpy_aggregate(x, mask, how):
+    if how == "token":
+        return (x * mask).sum() / max(mask.sum(), 1)
+    if how == "constant":
+        return (x * mask).sum() / x.size
+    lengths = mask.sum(-1)
+    answered = lengths > 0
+    return ((x * mask).sum(-1)[answered] / lengths[answered]).mean()
+
+
+def numpy_loss(how, ratio_level, low, high, kl_estimator, kl_coef, ent_coef) -> float:
+    log_ratio = (CURRENT - BEHAVIOUR) * MASK
+    if ratio_level == "sequence":
+        per_answer = log_ratio.sum(-1) / np.maximum(MASK.sum(-1), 1)
+        log_ratio = per_answer[:, None] * MASK
+    ratio = np.exp(log_ratio)
+    surrogate = -np.minimum(ratio * ADVANTAGE, np.clip(ratio, 1 - low, 1 + high) * ADVANTAGE)
+    total = numpy_aggregate(surrogate, MASK, how) - ent_coef * numpy_aggregate(ENTROPY, MASK, how)
+    diff = REFERENCE - CURRENT
+    kl = np.expm1(diff) - diff if kl_estimator == "k3" else CURRENT - REFERENCE
+    return float(total + kl_coef * numpy_aggregate(kl, MASK, how))
+
+
+def _hyperparams(**settings) -> TokenPPOHyperparams:
+    base = dict(
+        num_epochs=1,
+        num_minibatches=1,
+        gamma=1.0,
+        gae_lambda=1.0,
+        clip_eps=0.2,
+        value_clip_eps=None,
+        vf_coef=0.5,
+        ent_coef=0.0,
+        normalize_advantages=False,
+        kl_coef=0.0,
+        kl_penalty="loss",
+        advantage="group",
+        group_size=2,
+    )
+    return TokenPPOHyperparams(**(base | settings))
+
+
+def _score(params, obs, action):
+    """A policy whose log-probs are its parameters (`[N, M]`): the loss as a function of them."""
+    return params["log_prob"], jnp.zeros((N, M)), jnp.asarray(ENTROPY), jnp.asarray(MASK)
+
+
+MINIBATCH = {
+    "obs": jnp.zeros((N, 3), jnp.int32),
+    "action": jnp.zeros((N, M), jnp.int32),
+    "log_prob": jnp.asarray(BEHAVIOUR),
+    "value": jnp.zeros((N, M)),
+    "ref_log_prob": jnp.asarray(REFERENCE),
+    "advantage": jnp.asarray(ADVANTAGE),
+    "return": jnp.zeros((N, M)),
+    "mask": jnp.asarray(MASK),
+}
+
+
+@pytest.mark.parametrize("how", ["token", "sequence", "constant"])
+@pytest.mark.parametrize("ratio_level", ["token", "sequence"])
+@pytest.mark.parametrize(
+    ("high", "kl_estimator", "kl_coef", "ent_coef"),
+    [(None, "k3", 0.0, 0.0), (0.28, "k3", 0.1, 0.0), (0.28, "k1", 0.1, 0.01)],
+    ids=["symmetric", "clip_higher_k3", "clip_higher_k1_entropy"],
+)
+def test_every_loss_variant_matches_numpy(how, ratio_level, high, kl_estimator, kl_coef, ent_coef):
+    hp = _hyperparams(
+        loss_aggregation=how,
+        importance_ratio=ratio_level,
+        clip_eps_high=high,
+        kl_estimator=kl_estimator,
+        kl_coef=kl_coef,
+        ent_coef=ent_coef,
+    )
+    loss_fn = jax.jit(make_token_ppo_loss(_score, hp))
+    total, metrics = loss_fn({"log_prob": jnp.asarray(CURRENT)}, MINIBATCH, jnp.float32(0.2))
+    want = numpy_loss(how, ratio_level, 0.2, high or 0.2, kl_estimator, kl_coef, ent_coef)
+    assert float(total) == pytest.approx(want, rel=1e-5, abs=1e-6)
+    assert 0.0 < float(metrics["clip_fraction"]) < 1.0
+
+
+def test_aggregations_weigh_answers_as_their_papers_say():
+    """A long and a short answer with per-token losses 1 and 3: the token mean weighs tokens
+    (DAPO), the sequence mean answers (GRPO), the constant normaliser neither."""
+    per_token = jnp.array([[1.0, 1.0, 1.0, 1.0], [3.0, 0.0, 0.0, 0.0]])
+    mask = jnp.array([[1.0, 1.0, 1.0, 1.0], [1.0, 0.0, 0.0, 0.0]])
+    assert float(aggregate(per_token, mask, "token")) == pytest.approx(7 / 5)
+    assert float(aggregate(per_token, mask, "sequence")) == pytest.approx(2.0)
+    assert float(aggregate(per_token, mask, "constant")) == pytest.approx(7 / 8)
+
+
+def test_sequence_ratio_and_clip_higher_by_hand():
+    log_ratio = jnp.array([[0.3, -0.1, 0.1, 9.0]])
+    mask = jnp.array([[1.0, 1.0, 1.0, 0.0]])
+    np.testing.assert_allclose(sequence_log_ratio(log_ratio, mask), [[0.1, 0.1, 0.1, 0.0]])
+    # Ratios 0.7, 1.1 and 1.3 with advantage 1: clipped to [0.8, 1.28] from above only (the
+    # min keeps 0.7), so the loss is -(0.7, 1.1, 1.28) and only 1.3 counts as clipped.
+    loss, clipped = surrogate_per_token(jnp.log(jnp.array([0.7, 1.1, 1.3])), 1.0, 0.2, 0.28)
+    np.testing.assert_allclose(loss, [-0.7, -1.1, -1.28], rtol=1e-6)
+    np.testing.assert_array_equal(clipped, [1.0, 0.0, 1.0])
+
+
+# -- dynamic sampling in the update -----------------------------------------------------------
+
+
+def _rollout_score(params, obs, action):
+    """log pi(token) = -softplus(w * token / 10): a one-parameter policy over any rows."""
+    mask = (action != 0).astype(jnp.float32)
+    log_probs = -jax.nn.softplus(params["w"] * action.astype(jnp.float32) / 10.0) * mask
+    n, m = action.shape
+    return log_probs, jnp.zeros((n, m)), jnp.zeros((n, m)), mask
+
+
+def _update_of(**settings):
+    hp = _hyperparams(group_size=G, advantage="rloo", **settings)
+    optimizer = optax.sgd(0.1)
+    return jax.jit(make_token_ppo_update(_rollout_score, optimizer, hp)), optimizer
+
+
+def _rollout(valid: np.ndarray) -> dict:
+    t, b = REWARD.shape
+    action = (np.arange(t * b * 3).reshape(t, b, 3) % 7 + 1).astype(np.int32)
+    action[0, 1, 2] = action[1, 5, 1:] = 0  # shorter answers
+    params = {"w": jnp.float32(0.5)}
+    log_prob, _, _, _ = _rollout_score(params, jnp.zeros((t * b, 2)), action.reshape(t * b, 3))
+    return {
+        "obs": np.ones((t, b, 2), np.int32),
+        "action": action,
+        "log_prob": np.asarray(log_prob).reshape(t, b, 3),
+        "value": np.zeros((t, b, 3), np.float32),
+        "reward": REWARD,
+        "terminated": np.ones((t, b), bool),
+        "truncated": np.zeros((t, b), bool),
+        "valid": valid.astype(np.uint8),
+        "bootstrap_value": np.zeros((t, b), np.float32),
+        "last_value": np.zeros((b,), np.float32),
+    }
+
+
+def _state(optimizer) -> TokenTrainState:
+    params = {"w": jnp.float32(0.5)}
+    return TokenTrainState(
+        params=params,
+        ref_params=params,
+        opt_state=optimizer.init(params),
+        update_count=jnp.zeros((), jnp.int32),
+        key=jax.random.key(0),
+    )
+
+
+def test_dynamic_sampling_leaves_out_exactly_the_alike_groups():
+    update, optimizer = _update_of(dynamic_sampling=True, loss_aggregation="token")
+    plain, _ = _update_of(loss_aggregation="token")
+    state, metrics = update(_state(optimizer), _rollout(VALID))
+    assert float(metrics["groups_dropped"]) == 2
+    # As if the alike groups had never been sent: the same step...
+    by_hand = VALID * ~np.asarray(alike_groups(jnp.asarray(REWARD), jnp.asarray(VALID), G))
+    want, want_metrics = plain(_state(optimizer), _rollout(by_hand))
+    assert float(state.params["w"]) == pytest.approx(float(want.params["w"]), rel=1e-6)
+    assert float(state.params["w"]) != pytest.approx(0.5)
+    # ...while their rows and tokens still count as trained on, for the run's accounting.
+    assert int(metrics["trained_rows"]) == int(VALID.sum())
+    assert int(metrics["trained_tokens"]) > int(want_metrics["trained_tokens"])
