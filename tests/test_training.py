@@ -319,10 +319,10 @@ def test_every_experiment_runs_with_a_tiny_budget(path, run_dir):
     else:
         overrides += ["run.total_env_steps=1"]
     if load_config(path).network.language_model.pretrained is not None:
-        # A pretrained model (135 M parameters) trains on two answers: loading, compiling and
-        # stepping it is the check, not the size of its batch.
+        # A pretrained model (135 M parameters) trains on one group of answers (two at least):
+        # loading, compiling and stepping it is the check, not the size of its batch.
         overrides += [
-            "env.global_num_envs=2",
+            f"env.global_num_envs={max(2, load_config(path).algorithm.group_size)}",
             "algorithm.rollout_length=1",
             "algorithm.num_minibatches=1",
         ]
