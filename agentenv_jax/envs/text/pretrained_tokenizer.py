@@ -194,13 +194,16 @@ class PretrainedTokenizer:
         header (the template's own system turn, if it adds one)."""
         return self.encode_chat([{"role": "user", "content": prompt}], True)
 
-    def after_message(self, messages: Sequence[Message], reply: str) -> np.ndarray:
+    def after_message(
+        self, messages: Sequence[Message], reply: str, role: str = "user"
+    ) -> np.ndarray:
         """The ids that follow an assistant message's end-of-turn token when the env answers
-        `reply` as the next user turn: what the template writes after that token, through the
-        next assistant header. `messages` is the dialogue up to and including that message."""
+        `reply` as the next `role` turn (user, or tool: a tool's result, as the template
+        renders tool turns): what the template writes after that token, through the next
+        assistant header. `messages` is the dialogue up to and including that message."""
         chat = self._require_chat()
         before = chat.render(messages, add_generation_prompt=False)
-        after = chat.render([*messages, {"role": "user", "content": reply}], True)
+        after = chat.render([*messages, {"role": role, "content": reply}], True)
         cut = before.rfind(self.eos_token)
         if cut < 0 or after[: cut + len(self.eos_token)] != before[: cut + len(self.eos_token)]:
             raise EnvError(

@@ -2,6 +2,7 @@
 
 * `agentenv_jax/Arithmetic-v0`: `tasks.ArithmeticTask` (single turn);
 * `agentenv_jax/GuessNumber-v0`: `tasks.GuessNumberTask` (multi-turn);
+* `agentenv_jax/ToolArithmetic-v0`: `tool_tasks.ToolArithmeticTask` (multi-turn, with tools);
 * `reasoning_gym/<dataset>`: `reasoning_gym_tasks.ReasoningGymTask` over any reasoning-gym
   dataset (`pip install 'agentenv_jax[text]'`), e.g. `reasoning_gym/basic_arithmetic`.
 
@@ -23,6 +24,7 @@ from agentenv_jax.envs.spaces import EnvError
 from agentenv_jax.envs.text.reasoning_gym_tasks import ReasoningGymTask, reasoning_gym_kwargs
 from agentenv_jax.envs.text.tasks import ArithmeticTask, GuessNumberTask, TextTask
 from agentenv_jax.envs.text.tokenizer import BYTE_TOKENIZER, Tokenizer
+from agentenv_jax.envs.text.tool_tasks import ToolArithmeticTask
 from agentenv_jax.envs.text.vector_env import TextVectorEnv
 
 REASONING_GYM_PREFIX = "reasoning_gym/"
@@ -42,6 +44,7 @@ class TextEnvEntry:
 TEXT_ENV_IDS: dict[str, TextEnvEntry] = {
     "agentenv_jax/Arithmetic-v0": TextEnvEntry(ArithmeticTask, 16, 4),
     "agentenv_jax/GuessNumber-v0": TextEnvEntry(GuessNumberTask, 64, 4),
+    "agentenv_jax/ToolArithmetic-v0": TextEnvEntry(ToolArithmeticTask, 512, 96),
     f"{REASONING_GYM_PREFIX}<dataset>": TextEnvEntry(ReasoningGymTask, 512, 16),
 }
 _BUILT_IN = [env_id for env_id in TEXT_ENV_IDS if not env_id.startswith(REASONING_GYM_PREFIX)]

@@ -34,6 +34,7 @@ class TaskReply:
     reward: float
     done: bool  # the episode is over (solved, or a single-turn task answered)
     success: bool  # the episode's goal was met; read where done or truncated
+    role: str = "user"  # the chat role the answer is rendered as: user, or tool (a tool's result)
 
 
 class TextTask(Protocol):

@@ -34,9 +34,12 @@ class Tokenizer(Protocol):
         """The ids of a dialogue's first context, before the policy's first message."""
         ...
 
-    def after_message(self, messages: list[dict[str, str]], reply: str) -> np.ndarray:
-        """The ids appended after a message's EOS when the env answers `reply`; `messages` is
-        the dialogue so far as chat messages (roles user and assistant), that message last."""
+    def after_message(
+        self, messages: list[dict[str, str]], reply: str, role: str = "user"
+    ) -> np.ndarray:
+        """The ids appended after a message's EOS when the env answers `reply` as a `role`
+        turn (user, or tool: a tool's result); `messages` is the dialogue so far as chat
+        messages, that message last."""
         ...
 
 
@@ -92,9 +95,12 @@ class ByteTokenizer:
         """BOS, then the prompt's bytes."""
         return np.concatenate([[self.BOS], self.encode(prompt)]).astype(np.int32)
 
-    def after_message(self, messages: list[dict[str, str]], reply: str) -> np.ndarray:
-        """The reply's bytes (the message's EOS already separates them)."""
-        return self.encode(reply)
+    def after_message(
+        self, messages: list[dict[str, str]], reply: str, role: str = "user"
+    ) -> np.ndarray:
+        """The reply's bytes (the message's EOS already separates them), a tool's result
+        behind `tool: `."""
+        return self.encode(f"tool: {reply}" if role == "tool" else reply)
 
 
 BYTE_TOKENIZER = ByteTokenizer()

@@ -77,7 +77,8 @@ class TextVectorEnv(gym.vector.VectorEnv):
         # text for people: the prompt and (message, reply or None) per turn.
         self._tokens: list[np.ndarray] = [np.zeros(0, np.int32)] * self.num_envs
         self._prompts = [""] * self.num_envs
-        self._turns: list[list[tuple[str, str | None]]] = [[] for _ in range(self.num_envs)]
+        # Per env: (message, the env's answer or None, the answer's chat role) per turn.
+        self._turns: list[list[tuple[str, str | None, str]]] = [[] for _ in range(self.num_envs)]
         self._returns = np.zeros(self.num_envs, np.float64)
         self.finished_transcripts: collections.deque[tuple[str, bool, float]] = collections.deque(
             maxlen=FINISHED_TRANSCRIPTS
@@ -139,14 +140,14 @@ class TextVectorEnv(gym.vector.VectorEnv):
             reply = self._tasks[i].reply(message)
             rewards[i] = reply.reward
             self._returns[i] += reply.reward
-            self._turns[i].append((message, reply.text))
+            self._turns[i].append((message, reply.text, reply.role))
             # The message's tokens as generated (EOS included), not its re-encoded text: the
             # next context holds exactly what the policy wrote. A message without EOS gets one
             # as the separator before the reply.
             generated = actions[i][: response_tokens[i]]
             after = (
                 # The dialogue up to this message (its reply is the last message).
-                self.tokenizer.after_message(self._messages(i)[:-1], reply.text)
+                self.tokenizer.after_message(self._messages(i)[:-1], reply.text, reply.role)
                 if reply.text is not None
                 else np.zeros(0, np.int32)
             )
@@ -181,12 +182,12 @@ class TextVectorEnv(gym.vector.VectorEnv):
 
     def transcript(self, i: int) -> str:
         """Env i's current episode so far for people: the prompt, then `agent: ...` and
-        `env: ...` lines."""
+        `env: ...` (or `tool: ...`) lines."""
         lines = [self._prompts[i]]
-        for message, reply in self._turns[i]:
+        for message, reply, role in self._turns[i]:
             lines.append(f"agent: {message}")
             if reply is not None:
-                lines.append(f"env: {reply}")
+                lines.append(f"{'tool' if role == 'tool' else 'env'}: {reply}")
         return "\n".join(lines)
 
     def _start_episode(self, i: int) -> None:
@@ -208,10 +209,10 @@ class TextVectorEnv(gym.vector.VectorEnv):
     def _messages(self, i: int) -> list[dict[str, str]]:
         """Env i's dialogue so far as chat messages: the prompt, then each message and reply."""
         messages = [{"role": "user", "content": self._prompts[i]}]
-        for message, reply in self._turns[i]:
+        for message, reply, role in self._turns[i]:
             messages.append({"role": "assistant", "content": message})
             if reply is not None:
-                messages.append({"role": "user", "content": reply})
+                messages.append({"role": role, "content": reply})
         return messages
 
     def _observation(self, i: int) -> np.ndarray:
