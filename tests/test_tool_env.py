@@ -173,6 +173,15 @@ def test_a_scripted_policy_calls_the_calculator_and_answers(tokenizer):
     call = _say(env, _call(question))[0].tolist()[: len(env.tokenizer.encode(_call(question)))]
     calls, results = at(call), at(env.tokenizer.encode(value).tolist())
     assert calls and results and results[-1] > calls[-1] + len(call)
+    # ...rendered as a tool turn, as the template renders one (bytes: behind "tool: ").
+    prompt = env.transcript(0).split("\nagent: ")[0]
+    messages = [
+        {"role": "user", "content": prompt},
+        {"role": "assistant", "content": _call(question)},
+    ]
+    tool_turn = env.tokenizer.after_message(messages, value, "tool").tolist()
+    assert tool_turn != env.tokenizer.after_message(messages, value, "user").tolist()
+    assert context[-len(tool_turn) :] == tool_turn
     _, reward, terminated, _, info = env.step(_say(env, value))
     assert reward[0] == 1.0 and terminated[0] and info["success"][0]
     assert info["final_info"]["turns"][0] == 2
