@@ -211,9 +211,14 @@ def test_a_run_that_fails_is_finished_as_failed(tmp_path, no_credentials):
         finally:
             logger.close()
     (folder,) = offline_runs(tmp_path)
-    assert history(folder) == [(256, {"loss/policy": 0.5})]
+    # W&B's service process writes the run file on a thread of its own: the exit record is
+    # the last one it writes, so the file is complete once it is there.
+    deadline = time.monotonic() + 60
+    while not records_of(folder, "exit") and time.monotonic() < deadline:
+        time.sleep(0.1)
     (end,) = records_of(folder, "exit")
     assert end.exit.exit_code == 1
+    assert history(folder) == [(256, {"loss/policy": 0.5})]
 
 
 def test_credentials_decide_the_auto_mode(tmp_path):
