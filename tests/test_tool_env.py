@@ -223,3 +223,74 @@ def test_bad_tool_settings_name_the_field():
         make_text_vector_env(TOOL_ENV, 1, {"tools": []})
     with pytest.raises(EnvError, match=r"env.kwargs.time_limit_s = 0"):
         make_text_vector_env(TOOL_ENV, 1, {"time_limit_s": 0})
+
+
+def test_only_the_policys_own_tokens_get_a_gradient():
+    """A hand-made tool dialogue's last row: the context holds the prompt, the policy's earlier
+    tool call (trained in its own row) and the tool's result; the response is the answer. The
+    token-level PPO loss's gradient with respect to the logits at every position is zero
+    wherever a context token (tool and env tokens included) or padding is predicted, and not
+    zero where the answer's tokens are."""
+    import jax
+    import jax.numpy as jnp
+
+    from agentenv_jax.algorithms.token_ppo import TokenPPOHyperparams, make_token_ppo_loss
+    from agentenv_jax.config.schema import LanguageModelConfig
+    from agentenv_jax.networks.language_model import scoring_functions
+    from agentenv_jax.networks.text_models import language_model_for
+
+    env = make_text_vector_env(TOOL_ENV, 1, {"context_length": 384, "response_length": 96})
+    env.reset(seed=5)
+    question = _question(env)
+    context, *_ = env.step(_say(env, _call(question)))
+    answer = _say(env, str(eval(question)))  # noqa: S307
+    text = env.text_spec
+    lm = language_model_for(LanguageModelConfig(size="tiny"), text)
+    params = lm.init(jax.random.key(0))
+    length = text.context_length + text.response_length
+    offsets = jnp.zeros((1, length, text.vocab_size))
+
+    def apply(p, tokens, mask):  # the model's logits, plus an offset to take gradients at
+        logits, values = lm.apply(p["model"], tokens, mask)
+        return logits + p["offsets"], values
+
+    score, _ = scoring_functions(apply)
+    bound = {"model": params, "offsets": offsets}
+    scores = score(bound, context, answer, text.pad_id, text.eos_id)
+    hp = TokenPPOHyperparams(
+        num_epochs=1,
+        num_minibatches=1,
+        gamma=1.0,
+        gae_lambda=1.0,
+        clip_eps=0.2,
+        value_clip_eps=None,
+        vf_coef=0.0,
+        ent_coef=0.01,
+        normalize_advantages=False,
+        kl_coef=0.1,
+        kl_penalty="loss",
+        advantage="group",
+        group_size=2,
+    )
+    loss = make_token_ppo_loss(
+        lambda p, obs, action: tuple(score(p, obs, action, text.pad_id, text.eos_id)), hp
+    )
+    minibatch = {
+        "obs": jnp.asarray(context),
+        "action": jnp.asarray(answer),
+        "log_prob": scores.log_probs,
+        "ref_log_prob": scores.log_probs - 0.1,
+        "value": jnp.zeros_like(scores.values),
+        "return": jnp.zeros_like(scores.values),
+        "advantage": scores.mask * 1.0,
+        "mask": scores.mask,
+    }
+    grads = jax.grad(lambda p: loss(p, minibatch, jnp.float32(0.2))[0])(bound)["offsets"]
+    per_position = np.abs(np.asarray(grads[0])).sum(-1)
+    answer_tokens = int(np.asarray(scores.mask).sum())
+    start = text.context_length - 1  # the position that predicts the answer's first token
+    assert 1 < answer_tokens < text.response_length
+    assert np.all(per_position[:start] == 0)  # prompt, tool call, tool result, padding
+    assert np.all(per_position[start : start + answer_tokens] > 0)
+    assert np.all(per_position[start + answer_tokens :] == 0)  # after the answer's EOS
+    assert f"tool: {eval(question)}" in env.transcript(0)  # noqa: S307
