@@ -23,6 +23,7 @@ from agentenv_jax.envs.text import (
     is_text_env,
     make_text_vector_env,
 )
+from agentenv_jax.envs.text.tasks import extract_answer
 
 TOK = BYTE_TOKENIZER
 PAD, BOS, EOS = 256, 257, 258
@@ -145,6 +146,39 @@ def test_arithmetic_task_hand_cases():
     assert task.reply("3").reward == pytest.approx(0.1)
     assert task.reply("three").reward == 0.0
     assert task.reply("٣").reward == 0.0  # not ASCII digits
+
+
+@pytest.mark.parametrize(
+    ("message", "answer_format", "value"),
+    [
+        (" -7", "exact", -7.0),
+        ("7.", "exact", None),
+        ("17 + 25 = 42.", "last_number", 42.0),
+        ("3-2=1", "last_number", 1.0),
+        ("That is 1,234 apples", "last_number", 1234.0),
+        ("x = -5, not 2.5 or 3", "last_number", 3.0),
+        ("no number here", "last_number", None),
+        (r"first \boxed{\frac{1}{2}}, then \boxed{ 42 }", "boxed", 42.0),
+        (r"\boxed{-1,000.5}", "boxed", -1000.5),
+        (r"\boxed{x + 1}", "boxed", None),
+        (r"\boxed{42", "boxed", None),
+        ("42", "boxed", None),
+    ],
+)
+def test_answers_are_extracted_as_their_format_says(message, answer_format, value):
+    assert extract_answer(message, answer_format) == value
+
+
+def test_a_chat_models_sentence_is_scored_by_its_last_number():
+    task = ArithmeticTask(max_operand=9, operations="+", answer_format="last_number")
+    rng = np.random.default_rng(0)
+    while task.reset(rng) != "3+4=":
+        pass
+    assert task.reply("3 + 4 = 7").reward == 1.0
+    assert task.reply("The sum of 3 and 4 is 7.").success
+    assert task.reply("3 + 4 = 8").reward == pytest.approx(0.1)
+    with pytest.raises(EnvError, match="env.kwargs.answer_format = 'last'"):
+        ArithmeticTask(answer_format="last")
 
 
 @pytest.mark.parametrize("target", [1, 5, 8])

@@ -62,6 +62,42 @@ def require_int(field: str, value: object, minimum: int, maximum: int | None = N
     return int(value)
 
 
+# A number as a chat model writes one inside a sentence: an optional sign, digits with optional
+# thousands commas, an optional decimal part.
+_NUMBER = re.compile(r"[+-]?(?:[0-9]{1,3}(?:,[0-9]{3})+|[0-9]+)(?:\.[0-9]+)?", re.ASCII)
+ANSWER_FORMATS = ("exact", "last_number", "boxed")
+
+
+def _last_boxed(message: str) -> str | None:
+    """The content of the last `\\boxed{...}` of `message` (nested braces kept), else None."""
+    start = message.rfind("\\boxed{")
+    if start < 0:
+        return None
+    depth, begin = 0, start + len("\\boxed{")
+    for i in range(begin, len(message)):
+        depth += {"{": 1, "}": -1}.get(message[i], 0)
+        if depth < 0:
+            return message[begin:i]
+    return None
+
+
+def extract_answer(message: str, answer_format: str) -> float | None:
+    """The number `message` answers, read as `answer_format` says: "exact" (the whole
+    message is the integer), "last_number" (the last number in it, as in GSM8K's scoring:
+    "17 + 25 = 42." answers 42) or "boxed" (the number inside its last `\\boxed{}`); None
+    without one."""
+    if answer_format == "exact":
+        value = parse_integer(message)
+        return None if value is None else float(value)
+    if answer_format == "boxed":
+        boxed = _last_boxed(message)
+        if boxed is None or not _NUMBER.fullmatch(boxed.strip()):
+            return None
+        return float(boxed.strip().replace(",", ""))
+    numbers = _NUMBER.findall(message)
+    return float(numbers[-1].replace(",", "")) if numbers else None
+
+
 def parse_integer(message: str) -> int | None:
     """The integer `message` states (whitespace stripped, ASCII digits, optional sign), else
     None."""
@@ -74,8 +110,9 @@ class ArithmeticTask:
     `question` words the prompt around `{expression}` (a chat model is asked "What is 3+4?").
 
     Operands are drawn uniformly from `0..max_operand` (the difficulty), the operation uniformly
-    from `operations` (any of `+-*`). Reward 1.0 for the right value (`" 7"` and `"+7"` count),
-    `format_reward` for another integer, 0.0 for anything else.
+    from `operations` (any of `+-*`). The answer is read as `answer_format` says (`exact`: the
+    whole message, `last_number`, or `boxed`: see `extract_answer`). Reward 1.0 for the right
+    value (`" 7"` and `"+7"` count), `format_reward` for another number, 0.0 for anything else.
     """
 
     max_turns = 1
@@ -86,8 +123,15 @@ class ArithmeticTask:
         operations: str = "+",
         format_reward: float = 0.1,
         question: str = "{expression}=",
+        answer_format: str = "exact",
     ):
         self._max_operand = require_int("env.kwargs.max_operand", max_operand, 1)
+        if answer_format not in ANSWER_FORMATS:
+            raise EnvError(
+                f"env.kwargs.answer_format = {answer_format!r}: expected one of "
+                f"{', '.join(ANSWER_FORMATS)}"
+            )
+        self._answer_format = answer_format
         if not isinstance(question, str) or "{expression}" not in question:
             raise EnvError(
                 f"env.kwargs.question = {question!r}: expected a string holding {{expression}} "
@@ -125,7 +169,7 @@ class ArithmeticTask:
     def reply(self, message: str) -> TaskReply:
         if self._answer is None:
             raise RuntimeError("ArithmeticTask.reply before reset")
-        guess = parse_integer(message)
+        guess = extract_answer(message, self._answer_format)
         right = guess == self._answer
         reward = 1.0 if right else (self._format_reward if guess is not None else 0.0)
         return TaskReply(text=None, reward=reward, done=True, success=right)

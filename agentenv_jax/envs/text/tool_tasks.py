@@ -121,6 +121,7 @@ class ToolArithmeticTask(ToolTask):
         max_turns: int = 3,
         tool_error_reward: float = 0.0,
         time_limit_s: float = TIME_LIMIT_S,
+        answer_format: str = "exact",
     ):
         if (
             isinstance(time_limit_s, bool)
@@ -131,7 +132,7 @@ class ToolArithmeticTask(ToolTask):
                 f"env.kwargs.time_limit_s = {time_limit_s!r}: expected seconds in (0, 60]"
             )
         super().__init__(
-            ArithmeticTask(max_operand, operations, format_reward, question),
+            ArithmeticTask(max_operand, operations, format_reward, question, answer_format),
             resolve_tools(tools),
             max_turns,
             tool_error_reward,
