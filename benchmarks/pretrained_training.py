@@ -213,7 +213,7 @@ def memory(args, model_name: str, pretrained: str, name: str, variant: tuple[str
 
 
 def _print_throughput(rows: list[dict]) -> None:
-    print("\n| variant | ms per update | tokens trained/s | ÷ full |")
+    print("\n| variant | ms per update | tokens trained/s | ÷ first row |")
     print("|---|---|---|---|")
     full = rows[0]["tokens_trained_per_s"]
     for row in rows:
@@ -226,7 +226,7 @@ def _print_throughput(rows: list[dict]) -> None:
 def _print_memory(rows: list[dict]) -> None:
     print(
         "\n| variant | compiled peak MiB | temporaries | parameters | reference | optimizer "
-        "| device peak MiB | ÷ full |"
+        "| device peak MiB | ÷ first row |"
     )
     print("|---|---|---|---|---|---|---|---|")
     full = rows[0]["compiled_peak_mib"]
