@@ -115,11 +115,16 @@ def test_a_running_run_refuses_a_second_job_and_resumes_after_a_crash(tmp_path):
         events = [e["event"] for e in read_events(run_dir)]  # no second start among them
         assert events[0] == "start" and set(events[1:]) == {"checkpoint"}, events
         # Killed past a checkpoint, so that some records are the dead session's alone: frozen
-        # to look, and let go on while the newest record is a checkpoint's.
+        # to look, and let go on while the newest record is a checkpoint's. The checkpoint is
+        # the newest finished one on disk (its event may not be written yet when frozen).
         while True:
             os.kill(proc.pid, signal.SIGSTOP)
             written = read_metrics(run_dir / "metrics.jsonl")
-            saved = max(e["update"] for e in read_events(run_dir) if e["event"] == "checkpoint")
+            saved = max(
+                int(folder.name)
+                for folder in (run_dir / "checkpoints").iterdir()
+                if folder.name.isdigit()
+            )
             if len(written) > saved:
                 break
             os.kill(proc.pid, signal.SIGCONT)
