@@ -137,7 +137,9 @@ def numpy_loss(how, ratio_level, low, high, kl_estimator, kl_coef, ent_coef) -> 
     return float(total + kl_coef * numpy_aggregate(kl, MASK, how))
 
 
-def _hyperparams(**settings) -> TokenPPOHyperparams:
+def hyperparams(**settings) -> TokenPPOHyperparams:
+    """Token-level PPO's settings for one epoch of one minibatch with GRPO's group advantage
+    and the KL as a loss term (off until `kl_coef` is set); `settings` override them."""
     base = dict(
         num_epochs=1,
         num_minibatches=1,
@@ -181,7 +183,7 @@ MINIBATCH = {
     ids=["symmetric", "clip_higher_k3", "clip_higher_k1_entropy"],
 )
 def test_every_loss_variant_matches_numpy(how, ratio_level, high, kl_estimator, kl_coef, ent_coef):
-    hp = _hyperparams(
+    hp = hyperparams(
         loss_aggregation=how,
         importance_ratio=ratio_level,
         clip_eps_high=high,
@@ -229,7 +231,7 @@ def _rollout_score(params, obs, action):
 
 
 def _update_of(**settings):
-    hp = _hyperparams(group_size=G, advantage="rloo", **settings)
+    hp = hyperparams(group_size=G, advantage="rloo", **settings)
     optimizer = optax.sgd(0.1)
     return jax.jit(make_token_ppo_update(_rollout_score, optimizer, hp)), optimizer
 

@@ -233,8 +233,9 @@ def test_only_the_policys_own_tokens_get_a_gradient():
     zero where the answer's tokens are."""
     import jax
     import jax.numpy as jnp
+    from test_grpo_losses import hyperparams
 
-    from agentenv_jax.algorithms.token_ppo import TokenPPOHyperparams, make_token_ppo_loss
+    from agentenv_jax.algorithms.token_ppo import make_token_ppo_loss
     from agentenv_jax.config.schema import LanguageModelConfig
     from agentenv_jax.networks.language_model import scoring_functions
     from agentenv_jax.networks.text_models import language_model_for
@@ -257,21 +258,7 @@ def test_only_the_policys_own_tokens_get_a_gradient():
     score, _ = scoring_functions(apply)
     bound = {"model": params, "offsets": offsets}
     scores = score(bound, context, answer, text.pad_id, text.eos_id)
-    hp = TokenPPOHyperparams(
-        num_epochs=1,
-        num_minibatches=1,
-        gamma=1.0,
-        gae_lambda=1.0,
-        clip_eps=0.2,
-        value_clip_eps=None,
-        vf_coef=0.0,
-        ent_coef=0.01,
-        normalize_advantages=False,
-        kl_coef=0.1,
-        kl_penalty="loss",
-        advantage="group",
-        group_size=2,
-    )
+    hp = hyperparams(vf_coef=0.0, ent_coef=0.01, kl_coef=0.1)
     loss = make_token_ppo_loss(
         lambda p, obs, action: tuple(score(p, obs, action, text.pad_id, text.eos_id)), hp
     )
