@@ -19,6 +19,7 @@ from agentenv_jax.workflow.evaluation import EVAL_SEED_BASE
 from agentenv_jax.workflow.text_dialogues import (
     DialogueSample,
     initial_params,
+    pass_at_k,
     sample_dialogues,
     trained_params,
 )
@@ -88,6 +89,17 @@ def test_a_group_of_envs_shares_its_prompts():
     check_counts(sample, 6)
     prompts = [transcript.split("\n")[0] for transcript in sample.transcripts]
     assert len(set(prompts[:4])) == 1 and prompts[4] == prompts[5] != prompts[0]
+
+
+def test_pass_at_k_is_the_unbiased_estimator():
+    # n = k: whether any answer is right.
+    assert pass_at_k([[False, True], [False, False], [True, True]], 2) == pytest.approx(2 / 3)
+    # n = 4 answers, 1 right, k = 2: 1 - C(3, 2) / C(4, 2) = 1/2; k = 1 is the accuracy.
+    assert pass_at_k([[True, False, False, False]], 2) == pytest.approx(0.5)
+    assert pass_at_k([[True, False, False, False]], 1) == pytest.approx(0.25)
+    assert pass_at_k([[True, True, True, False]], 2) == pytest.approx(1.0)
+    with pytest.raises(ValueError, match="pass@3 needs at least 3 answers"):
+        pass_at_k([[True, False]], 3)
 
 
 def test_bad_arguments_name_what_is_wrong():

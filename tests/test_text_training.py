@@ -360,6 +360,17 @@ def test_init_from_starts_training_from_a_local_checkpoint_of_weights(run_dir, t
     assert lines[1].startswith("4 dialogues on agentenv_jax/Arithmetic-v0: accuracy")
     assert re.match(r"^1 [✓✗] return ", lines[2]) and re.match(r"^ +\d\+\d=$", lines[3])
     assert lines[4].lstrip().startswith("agent: ") and lines[-1] == "... and 2 more"
+    # pass@k: 3 problems answered 4 times each, sampled.
+    proc = run_command(
+        agentenv_command("eval", str(run_dir / "warm"), "--episodes", "3", "--pass-at", "4"),
+        timeout=300,
+        cwd=REPO,
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    line = proc.stdout.splitlines()[0]
+    assert "12 episodes (sampled actions)" in line and " over 3 problems" in line, line
+    accuracy = float(re.search(r"accuracy (\S+)", line).group(1))
+    assert float(re.search(r"pass@4 (\S+)", line).group(1)) >= accuracy
 
     # Weights of another shape: one start-up error naming the field and the leaf.
     small = language_model_for(

@@ -68,6 +68,13 @@ def _parser() -> argparse.ArgumentParser:
         help="record each episode as an MP4 in DIR (envs that render rgb_array frames)",
     )
     evaluate.add_argument(
+        "--pass-at",
+        type=int,
+        metavar="K",
+        help="text envs: answer each of the --episodes problems K times (sampled) and report "
+        "pass@K and the accuracy over all answers",
+    )
+    evaluate.add_argument(
         "--dialogues",
         type=int,
         default=0,
@@ -331,7 +338,13 @@ def main(argv: list[str] | None = None) -> int:
             from agentenv_jax.workflow.evaluation import evaluate
 
             result = evaluate(
-                args.run_dir, args.episodes, args.checkpoint, not args.sample, args.seed, args.video
+                args.run_dir,
+                args.episodes,
+                args.checkpoint,
+                not args.sample,
+                args.seed,
+                args.video,
+                args.pass_at,
             )
             print(result.describe(), flush=True)
             if args.dialogues and result.dialogues is not None:

@@ -39,6 +39,7 @@ from agentenv_jax.envs.factory import (
 )
 from agentenv_jax.envs.multi_agent.registry import is_multi_agent
 from agentenv_jax.envs.text.registry import is_text_env
+from agentenv_jax.envs.text.vector_env import FINISHED_TRANSCRIPTS
 from agentenv_jax.metrics.compilation import use_persistent_cache
 
 # Text envs' deterministic evaluation samples at this temperature: the most likely token wins
@@ -58,6 +59,8 @@ class Evaluation:
     videos: tuple[Path, ...] = ()  # one MP4 per episode, with `video_dir`
     # Text envs: the episodes' dialogues, successes and accuracy (`text_dialogues`).
     dialogues: Any = None
+    # Text envs with `pass_at` = k: (k, pass@k over the problems), each answered k times.
+    pass_at: tuple[int, float] | None = None
 
     @property
     def mean(self) -> float:
@@ -75,6 +78,12 @@ class Evaluation:
             f"length {np.mean(self.lengths):.1f}"
             + (f"\nvideos     {len(self.videos)} in {self.videos[0].parent}" if self.videos else "")
             + (f"  accuracy {self.dialogues.accuracy:.3f}" if self.dialogues is not None else "")
+            + (
+                f"  pass@{self.pass_at[0]} {self.pass_at[1]:.3f} over "
+                f"{len(self.returns) // self.pass_at[0]} problems"
+                if self.pass_at is not None
+                else ""
+            )
         )
 
 
@@ -238,12 +247,20 @@ def evaluate(
     deterministic: bool = True,
     seed: int = 0,
     video_dir: str | Path | None = None,
+    pass_at: int | None = None,
 ) -> Evaluation:
     """Play `episodes` episodes with the policy of `run_dir`'s checkpoint `checkpoint` (the
     newest when None) on env seeds `EVAL_SEED_BASE + seed * episodes + i`; with `video_dir`,
-    record each as `eval-update<K>-episode-<i>.mp4` there."""
+    record each as `eval-update<K>-episode-<i>.mp4` there. On a text env, `pass_at` = k
+    answers each of the `episodes` problems k times, sampled (temperature 1), and reports
+    pass@k beside the accuracy over all the answers."""
     if episodes < 1:
         raise ConfigError(f"episodes = {episodes!r} is not allowed: expected an integer >= 1")
+    if pass_at is not None and not 1 <= pass_at <= FINISHED_TRANSCRIPTS:
+        raise ConfigError(
+            f"--pass-at = {pass_at!r} is not allowed: expected an integer in "
+            f"1..{FINISHED_TRANSCRIPTS} (answers per problem, sampled together)"
+        )
     run_dir = Path(run_dir)
     if not (run_dir / "config.yaml").is_file():
         raise CheckpointError(_not_a_run_dir(run_dir))
@@ -259,10 +276,34 @@ def evaluate(
 
         returns, lengths = play_jax_episodes(config, state["params"], seeds, deterministic)
         return Evaluation(run_dir, int(step), deterministic, tuple(returns), tuple(lengths))
+    if pass_at is not None and not is_text_env(config.env.id):
+        raise ConfigError(f"--pass-at is for text envs; env.id = {config.env.id!r} is not one")
     if is_text_env(config.env.id):
         if video_dir is not None:
             raise ConfigError("--video is not supported for text envs: evaluate without it")
-        from agentenv_jax.workflow.text_dialogues import sample_dialogues
+        from agentenv_jax.workflow.text_dialogues import pass_at_k, sample_dialogues
+
+        if pass_at is not None:
+            # Each problem answered `pass_at` times: a group of envs sharing its prompt.
+            kwargs = {**config.env.kwargs, "group_size": pass_at}
+            grouped = dataclasses.replace(
+                config, env=dataclasses.replace(config.env, kwargs=kwargs)
+            )
+            sample = sample_dialogues(
+                grouped, state["params"], num_episodes=episodes * pass_at, seed=seed
+            )
+            by_problem = [
+                sample.successes[i : i + pass_at] for i in range(0, episodes * pass_at, pass_at)
+            ]
+            return Evaluation(
+                run_dir,
+                int(step),
+                False,
+                tuple(sample.returns),
+                tuple(sample.lengths),
+                dialogues=sample,
+                pass_at=(pass_at, pass_at_k(by_problem, pass_at)),
+            )
 
         # Deterministic: (nearly) greedy decoding; the Gumbel noise of sampling is kept.
         sample = sample_dialogues(

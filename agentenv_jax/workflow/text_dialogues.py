@@ -21,7 +21,8 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
-from collections.abc import Callable
+import math
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -165,6 +166,20 @@ def _first_episodes(
                 records[i] = (transcript, bool(success), float(episode_return), int(lengths[i]))
                 running[i] = False
     return [records[i] for i in range(count)], tokens, messages
+
+
+def pass_at_k(successes: Sequence[Sequence[bool]], k: int) -> float:
+    """The mean over problems of pass@k: the chance that at least one of k answers drawn
+    without replacement from a problem's n answers (`successes[problem]`, n >= k) is right,
+    `1 - C(n - c, k) / C(n, k)` with c of them right (the unbiased estimator of Chen et al.,
+    2021; with n = k, whether any is right)."""
+    if k < 1 or any(len(answers) < k for answers in successes):
+        raise ValueError(f"pass@{k} needs at least {k} answers per problem")
+    values = []
+    for answers in successes:
+        n, right = len(answers), sum(map(bool, answers))
+        values.append(1.0 - math.comb(n - right, k) / math.comb(n, k))
+    return float(sum(values) / len(values))
 
 
 def sample_dialogues(
