@@ -14,6 +14,7 @@ import numpy as np
 import optax
 import pytest
 
+from agentenv_jax.algorithms.ppo import clipped_surrogate
 from agentenv_jax.algorithms.token_ppo import (
     TokenPPOHyperparams,
     TokenTrainState,
@@ -25,7 +26,6 @@ from agentenv_jax.algorithms.token_ppo import (
     overlong_penalty,
     rloo_advantages,
     sequence_log_ratio,
-    surrogate_per_token,
 )
 
 # Two prompts (rows) of groups of 4 answers over 8 envs: [T=2, B=8].
@@ -214,7 +214,7 @@ def test_sequence_ratio_and_clip_higher_by_hand():
     np.testing.assert_allclose(sequence_log_ratio(log_ratio, mask), [[0.1, 0.1, 0.1, 0.0]])
     # Ratios 0.7, 1.1 and 1.3 with advantage 1: clipped to [0.8, 1.28] from above only (the
     # min keeps 0.7), so the loss is -(0.7, 1.1, 1.28) and only 1.3 counts as clipped.
-    loss, clipped = surrogate_per_token(jnp.log(jnp.array([0.7, 1.1, 1.3])), 1.0, 0.2, 0.28)
+    loss, clipped = clipped_surrogate(jnp.log(jnp.array([0.7, 1.1, 1.3])), 1.0, 0.2, 0.28)
     np.testing.assert_allclose(loss, [-0.7, -1.1, -1.28], rtol=1e-6)
     np.testing.assert_array_equal(clipped, [1.0, 0.0, 1.0])
 

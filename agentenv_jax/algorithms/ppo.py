@@ -64,6 +64,21 @@ def standardize(x: jax.Array, mask: jax.Array, eps: float = 1e-8) -> jax.Array:
     return (x - mean) / (std + eps)
 
 
+def clipped_surrogate(
+    log_ratio: jax.Array,
+    advantages: jax.Array,
+    clip_low: float | jax.Array,
+    clip_high: float | jax.Array,
+) -> tuple[jax.Array, jax.Array]:
+    """PPO's clipped surrogate per element, `-min(r A, clip(r, 1 - low, 1 + high) A)` (DAPO's
+    clip-higher where `clip_high` > `clip_low`), and whether each ratio lies outside the clip
+    (float32 0/1), both shaped like `log_ratio`."""
+    ratio = jnp.exp(log_ratio)
+    clipped = jnp.clip(ratio, 1.0 - clip_low, 1.0 + clip_high)
+    loss = -jnp.minimum(ratio * advantages, clipped * advantages)
+    return loss, ((ratio < 1.0 - clip_low) | (ratio > 1.0 + clip_high)).astype(jnp.float32)
+
+
 def clipped_surrogate_loss(
     log_ratio: jax.Array, advantages: jax.Array, clip_eps: float | jax.Array, mask: jax.Array
 ) -> tuple[jax.Array, jax.Array]:
@@ -75,12 +90,8 @@ def clipped_surrogate_loss(
       clip_eps: the clipping epsilon.
       mask: `[N]` 1 for transitions that count.
     """
-    ratio = jnp.exp(log_ratio)
-    unclipped = ratio * advantages
-    clipped = jnp.clip(ratio, 1.0 - clip_eps, 1.0 + clip_eps) * advantages
-    loss = -masked_mean(jnp.minimum(unclipped, clipped), mask)
-    clip_fraction = masked_mean((jnp.abs(ratio - 1.0) > clip_eps).astype(jnp.float32), mask)
-    return loss, clip_fraction
+    loss, clipped = clipped_surrogate(log_ratio, advantages, clip_eps, clip_eps)
+    return masked_mean(loss, mask), masked_mean(clipped, mask)
 
 
 def value_loss(

@@ -27,6 +27,7 @@ from agentenv_jax.algorithms.ppo import (
     Batch,
     Params,
     approx_kl,
+    clipped_surrogate,
     masked_mean,
     minibatch_epochs,
     standardize,
@@ -254,17 +255,6 @@ def sequence_log_ratio(log_ratio: jax.Array, mask: jax.Array) -> jax.Array:
     return mean * mask
 
 
-def surrogate_per_token(
-    log_ratio: jax.Array, advantages: jax.Array, clip_low: float, clip_high: float
-) -> tuple[jax.Array, jax.Array]:
-    """PPO's clipped surrogate per token, `-min(r A, clip(r, 1 - low, 1 + high) A)`, with
-    separate lower and upper clips (DAPO's clip-higher), and whether each ratio was clipped."""
-    ratio = jnp.exp(log_ratio)
-    clipped = jnp.clip(ratio, 1.0 - clip_low, 1.0 + clip_high)
-    loss = -jnp.minimum(ratio * advantages, clipped * advantages)
-    return loss, ((ratio < 1.0 - clip_low) | (ratio > 1.0 + clip_high)).astype(jnp.float32)
-
-
 def kl_k3(log_prob: jax.Array, ref_log_prob: jax.Array) -> jax.Array:
     """The unbiased, non-negative per-token estimator of KL(pi || ref) from samples of pi:
     `exp(ref - logp) - (ref - logp) - 1` (Schulman, 2020; GRPO's KL term)."""
@@ -290,7 +280,7 @@ def make_token_ppo_loss(
         ratio = (
             sequence_log_ratio(log_ratio, mask) if hp.importance_ratio == "sequence" else log_ratio
         )
-        per_token, clipped = surrogate_per_token(ratio, advantages, clip_eps, clip_high)
+        per_token, clipped = clipped_surrogate(ratio, advantages, clip_eps, clip_high)
         policy_loss = aggregate(per_token, mask, hp.loss_aggregation)
         entropy_mean = aggregate(entropy, mask, hp.loss_aggregation)
         total = policy_loss - hp.ent_coef * entropy_mean
