@@ -267,6 +267,8 @@ def evaluate(
     config = load_config(run_dir / "config.yaml")
     if config.env.backend == "jax" and video_dir is not None:
         raise ConfigError("--video is not supported with env.backend = 'jax': evaluate without it")
+    if pass_at is not None and not is_text_env(config.env.id):
+        raise ConfigError(f"--pass-at is for text envs; env.id = {config.env.id!r} is not one")
     use_persistent_cache(config.run.compilation_cache, config.run.compilation_cache_dir)
     step, state, meta = restore_kept(run_dir, config.checkpoint.keep, checkpoint)
 
@@ -276,43 +278,31 @@ def evaluate(
 
         returns, lengths = play_jax_episodes(config, state["params"], seeds, deterministic)
         return Evaluation(run_dir, int(step), deterministic, tuple(returns), tuple(lengths))
-    if pass_at is not None and not is_text_env(config.env.id):
-        raise ConfigError(f"--pass-at is for text envs; env.id = {config.env.id!r} is not one")
     if is_text_env(config.env.id):
         if video_dir is not None:
             raise ConfigError("--video is not supported for text envs: evaluate without it")
         from agentenv_jax.workflow.text_dialogues import pass_at_k, sample_dialogues
 
+        answers = 1 if pass_at is None else pass_at
         if pass_at is not None:
-            # Each problem answered `pass_at` times: a group of envs sharing its prompt.
+            # Each problem answered `pass_at` times, sampled: a group of envs sharing its prompt.
             kwargs = {**config.env.kwargs, "group_size": pass_at}
-            grouped = dataclasses.replace(
-                config, env=dataclasses.replace(config.env, kwargs=kwargs)
-            )
-            sample = sample_dialogues(
-                grouped, state["params"], num_episodes=episodes * pass_at, seed=seed
-            )
-            by_problem = [
-                sample.successes[i : i + pass_at] for i in range(0, episodes * pass_at, pass_at)
-            ]
-            return Evaluation(
-                run_dir,
-                int(step),
-                False,
-                tuple(sample.returns),
-                tuple(sample.lengths),
-                dialogues=sample,
-                pass_at=(pass_at, pass_at_k(by_problem, pass_at)),
-            )
-
+            config = dataclasses.replace(config, env=dataclasses.replace(config.env, kwargs=kwargs))
+            deterministic = False
         # Deterministic: (nearly) greedy decoding; the Gumbel noise of sampling is kept.
         sample = sample_dialogues(
             config,
             state["params"],
-            num_episodes=episodes,
+            num_episodes=episodes * answers,
             seed=seed,
             temperature=GREEDY_TEMPERATURE if deterministic else 1.0,
         )
+        passed = None
+        if pass_at is not None:
+            by_problem = [
+                sample.successes[i : i + pass_at] for i in range(0, episodes * pass_at, pass_at)
+            ]
+            passed = (pass_at, pass_at_k(by_problem, pass_at))
         return Evaluation(
             run_dir,
             int(step),
@@ -320,6 +310,7 @@ def evaluate(
             tuple(sample.returns),
             tuple(sample.lengths),
             dialogues=sample,
+            pass_at=passed,
         )
     if is_multi_agent(config.env.id):
         if video_dir is not None:
