@@ -2,7 +2,8 @@
 groups: group advantages with and without std scaling (GRPO, Dr. GRPO), RLOO's leave-one-out
 baseline, the token / sequence / constant loss aggregations (DAPO, GRPO, Dr. GRPO), clip-higher,
 GSPO's sequence-level ratio, the k1 and k3 KL terms, DAPO's overlong shaping, and dynamic
-sampling, which leaves out exactly the groups whose answers all scored alike."""
+sampling, which leaves out exactly the groups whose answers all scored alike, and the truncated
+importance correction of asynchronous (stale) samples."""
 
 from __future__ import annotations
 
@@ -26,6 +27,7 @@ from agentenv_jax.algorithms.token_ppo import (
     overlong_penalty,
     rloo_advantages,
     sequence_log_ratio,
+    truncated_importance_weight,
 )
 
 # Two prompts (rows) of groups of 4 answers over 8 envs: [T=2, B=8].
@@ -124,13 +126,18 @@ def numpy_aggregate(x, mask, how):
     return ((x * mask).sum(-1)[answered] / lengths[answered]).mean()
 
 
-def numpy_loss(how, ratio_level, low, high, kl_estimator, kl_coef, ent_coef) -> float:
+def numpy_sequence_mean(log_ratio) -> np.ndarray:
+    per_answer = log_ratio.sum(-1) / np.maximum(MASK.sum(-1), 1)
+    return per_answer[:, None] * MASK
+
+
+def numpy_loss(how, ratio_level, low, high, kl_estimator, kl_coef, ent_coef, weight=1.0) -> float:
     log_ratio = (CURRENT - BEHAVIOUR) * MASK
     if ratio_level == "sequence":
-        per_answer = log_ratio.sum(-1) / np.maximum(MASK.sum(-1), 1)
-        log_ratio = per_answer[:, None] * MASK
+        log_ratio = numpy_sequence_mean(log_ratio)
     ratio = np.exp(log_ratio)
     surrogate = -np.minimum(ratio * ADVANTAGE, np.clip(ratio, 1 - low, 1 + high) * ADVANTAGE)
+    surrogate = surrogate * weight
     total = numpy_aggregate(surrogate, MASK, how) - ent_coef * numpy_aggregate(ENTROPY, MASK, how)
     diff = REFERENCE - CURRENT
     kl = np.expm1(diff) - diff if kl_estimator == "k3" else CURRENT - REFERENCE
@@ -196,6 +203,48 @@ def test_every_loss_variant_matches_numpy(how, ratio_level, high, kl_estimator, 
     want = numpy_loss(how, ratio_level, 0.2, high or 0.2, kl_estimator, kl_coef, ent_coef)
     assert float(total) == pytest.approx(want, rel=1e-5, abs=1e-6)
     assert 0.0 < float(metrics["clip_fraction"]) < 1.0
+
+
+# A stale sampler: the policy at the update's start (PROXIMAL, in place of BEHAVIOUR in the
+# ratio) moved away from the one that generated, by up to 1 nat per token (weights e^-1..e).
+PROXIMAL = BEHAVIOUR
+SAMPLER = (BEHAVIOUR + RNG.uniform(-1.0, 1.0, (N, M)) * MASK).astype(np.float32)
+
+
+def numpy_importance_weight(level: str, cap: float) -> np.ndarray:
+    log_weight = (PROXIMAL - SAMPLER) * MASK
+    if level == "sequence":
+        log_weight = numpy_sequence_mean(log_weight)
+    return np.minimum(np.exp(log_weight), cap) * MASK
+
+
+@pytest.mark.parametrize("level", ["token", "sequence"])
+def test_truncated_importance_weight_against_numpy(level):
+    weight, metrics = truncated_importance_weight(
+        jnp.asarray(PROXIMAL), jnp.asarray(SAMPLER), jnp.asarray(MASK), 1.1, level
+    )
+    np.testing.assert_allclose(weight, numpy_importance_weight(level, 1.1), rtol=1e-6)
+    untruncated = numpy_importance_weight(level, np.inf)[MASK > 0]
+    assert float(metrics["importance_weight_mean"]) == pytest.approx(untruncated.mean(), 1e-5)
+    assert float(metrics["importance_weight_std"]) == pytest.approx(untruncated.std(), 1e-4)
+    assert float(metrics["importance_weight_min"]) == pytest.approx(untruncated.min(), 1e-6)
+    assert float(metrics["importance_weight_max"]) == pytest.approx(untruncated.max(), 1e-6)
+    clipped = float(metrics["importance_weight_clipped"])
+    assert clipped == pytest.approx(np.mean(untruncated > 1.1))
+    assert 0.0 < clipped < 1.0
+
+
+@pytest.mark.parametrize("ratio_level", ["token", "sequence"])
+def test_the_truncated_weight_scales_each_tokens_surrogate(ratio_level):
+    hp = hyperparams(importance_ratio=ratio_level, importance_weight_cap=1.5, clip_eps_high=0.28)
+    weight = numpy_importance_weight(ratio_level, 1.5)
+    minibatch = MINIBATCH | {"importance_weight": jnp.asarray(weight)}
+    total, _ = jax.jit(make_token_ppo_loss(_score, hp))(
+        {"log_prob": jnp.asarray(CURRENT)}, minibatch, jnp.float32(0.2)
+    )
+    want = numpy_loss("token", ratio_level, 0.2, 0.28, "k3", 0.0, 0.0, weight)
+    assert float(total) == pytest.approx(want, rel=1e-5, abs=1e-6)
+    assert want != pytest.approx(numpy_loss("token", ratio_level, 0.2, 0.28, "k3", 0.0, 0.0))
 
 
 def test_aggregations_weigh_answers_as_their_papers_say():
@@ -280,3 +329,53 @@ def test_dynamic_sampling_leaves_out_exactly_the_alike_groups():
     # ...while their rows and tokens still count as trained on, for the run's accounting.
     assert int(metrics["trained_rows"]) == int(VALID.sum())
     assert int(metrics["trained_tokens"]) > int(want_metrics["trained_tokens"])
+
+
+# -- asynchronous samples in the update -------------------------------------------------------
+
+
+def _sampled_by(w: float) -> dict:
+    """`_rollout(VALID)` as generated by the policy of parameter `w`."""
+    rollout = _rollout(VALID)
+    t, b, m = rollout["action"].shape
+    log_prob, _, _, _ = _rollout_score(
+        {"w": jnp.float32(w)}, None, rollout["action"].reshape(-1, m)
+    )
+    return rollout | {"log_prob": np.asarray(log_prob).reshape(t, b, m)}
+
+
+def test_stale_samples_are_weighted_by_the_truncated_ratio_to_the_start_policy():
+    cap = 1.05
+    update, optimizer = _update_of(loss_aggregation="token", importance_weight_cap=cap)
+    stale = _sampled_by(1.0)  # the learner's policy (w = 0.5) has moved on since
+    _, metrics = update(_state(optimizer), stale)
+    t, b, m = stale["action"].shape
+    start, _, _, mask = _rollout_score(
+        _state(optimizer).params, None, stale["action"].reshape(-1, m)
+    )
+    mask = np.asarray(mask).reshape(t, b, m) * VALID[:, :, None]
+    weight = np.exp(np.asarray(start).reshape(t, b, m) - stale["log_prob"])
+    assert float(metrics["importance_weight_mean"]) == pytest.approx(weight[mask > 0].mean(), 1e-5)
+    assert float(metrics["importance_weight_max"]) == pytest.approx(weight[mask > 0].max(), 1e-5)
+    clipped = np.mean(weight[mask > 0] > cap)
+    assert float(metrics["importance_weight_clipped"]) == pytest.approx(clipped)
+    assert 0.0 < clipped < 1.0
+    # One minibatch, one epoch: the loss is taken at the start policy, where the ratio is 1,
+    # so it is minus the mean over tokens of the truncated weight times the advantage.
+    advantage = numpy_rloo(REWARD, VALID)[:, :, None] * mask
+    want = -(np.minimum(weight, cap) * advantage).sum() / mask.sum()
+    assert float(metrics["loss/policy"]) == pytest.approx(want, rel=1e-5)
+
+
+def test_the_correction_changes_nothing_on_fresh_samples():
+    corrected, optimizer = _update_of(loss_aggregation="token", importance_weight_cap=1.05)
+    plain, _ = _update_of(loss_aggregation="token")
+    fresh = _sampled_by(0.5)  # the learner's own policy generated them
+    state, metrics = corrected(_state(optimizer), fresh)
+    want, _ = plain(_state(optimizer), fresh)
+    assert float(state.params["w"]) == pytest.approx(float(want.params["w"]), rel=1e-6)
+    assert float(metrics["importance_weight_max"]) == pytest.approx(1.0)
+    assert float(metrics["importance_weight_clipped"]) == 0.0
+    # ...and stale ones move the policy differently.
+    stale_state, _ = corrected(_state(optimizer), _sampled_by(1.0))
+    assert float(stale_state.params["w"]) != pytest.approx(float(want.params["w"]), abs=1e-6)

@@ -261,9 +261,13 @@ def test_central_inference_acts_as_the_env_ranks_own_cnn_policy_would(run_dir):
         ),
         (
             "cartpole_ppo",
-            ["algorithm.kl_coef=0.1", "algorithm.loss_aggregation=sequence"],
-            "algorithm.kl_coef, algorithm.loss_aggregation: for text envs (token-level PPO); "
-            "env.id = 'CartPole-v1' is not one",
+            [
+                "algorithm.kl_coef=0.1",
+                "algorithm.loss_aggregation=sequence",
+                "algorithm.max_policy_lag=2",
+            ],
+            "algorithm.kl_coef, algorithm.loss_aggregation, algorithm.max_policy_lag: for text "
+            "envs (token-level PPO); env.id = 'CartPole-v1' is not one",
         ),
         (
             "guess_number_ppo",

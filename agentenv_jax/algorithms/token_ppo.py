@@ -78,6 +78,9 @@ class TokenPPOHyperparams:
     dynamic_sampling: bool = False
     overlong_buffer: int = 0
     overlong_penalty: float = 1.0
+    # Asynchronous generation (max_policy_lag > 0): the truncation of each token's weight
+    # pi_start / pi_behaviour; None where the sampler is the policy being updated.
+    importance_weight_cap: float | None = None
 
 
 def _stored_reference(params: Params, ref_params: Params) -> Params:
@@ -262,17 +265,53 @@ def kl_k3(log_prob: jax.Array, ref_log_prob: jax.Array) -> jax.Array:
     return jnp.expm1(diff) - diff
 
 
+def truncated_importance_weight(
+    proximal: jax.Array, behaviour: jax.Array, mask: jax.Array, cap: float, level: str
+) -> tuple[jax.Array, dict[str, jax.Array]]:
+    """Decoupled PPO's correction of stale samples: with the proximal policy (the one an
+    update starts from) in the ratio in place of the sampler, each token's loss is weighted by
+    `min(pi_proximal / pi_behaviour, cap)` (truncated importance sampling; per answer, from
+    its mean log-ratio, where `level` is "sequence" as in GSPO).
+
+    Args:
+      proximal, behaviour: `[..., M]` per-token log-probs (0 where `mask` is 0).
+      mask: `[..., M]` 1 for the tokens trained on.
+
+    Returns the truncated weights (0 where masked) and the untruncated weight's masked mean,
+    std, min and max and the fraction truncated (`importance_weight_*`; all 0 without
+    tokens)."""
+    log_weight = (proximal - behaviour) * mask
+    if level == "sequence":
+        log_weight = sequence_log_ratio(log_weight, mask)
+    weight = jnp.exp(log_weight)
+    mean = masked_mean(weight, mask)
+    valid = mask > 0
+    metrics = {
+        "importance_weight_mean": mean,
+        "importance_weight_std": jnp.sqrt(masked_mean((weight - mean) ** 2, mask)),
+        "importance_weight_min": jnp.where(
+            jnp.any(valid), jnp.min(jnp.where(valid, weight, jnp.inf)), 0.0
+        ),
+        "importance_weight_max": jnp.max(jnp.where(valid, weight, 0.0)),
+        "importance_weight_clipped": masked_mean((weight > cap).astype(weight.dtype), mask),
+    }
+    return jnp.minimum(weight, cap) * mask, metrics
+
+
 def make_token_ppo_loss(
     score_fn: ScoreFn, hp: TokenPPOHyperparams
 ) -> Callable[[Params, Batch, jax.Array], tuple[jax.Array, dict[str, jax.Array]]]:
-    """The loss of one minibatch of messages: `obs [N, L]`, `action [N, M]`, `log_prob`,
-    `value`, `ref_log_prob`, `advantage`, `return`, `mask` (all `[N, M]`)."""
+    """The loss of one minibatch of messages: `obs [N, L]`, `action [N, M]`, `log_prob` (of
+    the proximal policy), `value`, `ref_log_prob`, `advantage`, `return`, `mask` (all `[N, M]`)
+    and, with `importance_weight_cap`, `importance_weight` (`[N, M]`, truncated)."""
 
     clip_high = hp.clip_eps if hp.clip_eps_high is None else hp.clip_eps_high
 
     def loss_fn(params: Params, mb: Batch, clip_eps: jax.Array):
         log_probs, values, entropy, _ = score_fn(params, mb["obs"], mb["action"])
         mask = mb["mask"]
+        # Against the proximal policy: the sampler's, or the update's starting one where the
+        # samples are stale (then `importance_weight` corrects for the sampler).
         log_ratio = (log_probs - mb["log_prob"]) * mask
         advantages = mb["advantage"]
         if hp.normalize_advantages:
@@ -281,6 +320,8 @@ def make_token_ppo_loss(
             sequence_log_ratio(log_ratio, mask) if hp.importance_ratio == "sequence" else log_ratio
         )
         per_token, clipped = clipped_surrogate(ratio, advantages, clip_eps, clip_high)
+        if hp.importance_weight_cap is not None:
+            per_token = per_token * mb["importance_weight"]
         policy_loss = aggregate(per_token, mask, hp.loss_aggregation)
         entropy_mean = aggregate(entropy, mask, hp.loss_aggregation)
         total = policy_loss - hp.ent_coef * entropy_mean
@@ -373,16 +414,25 @@ def make_token_ppo_update(
                 hp.gamma,
                 hp.gae_lambda,
             )
+        proximal, correction = behaviour, {}
+        if hp.importance_weight_cap is not None:
+            # The policy this update starts from, on the stale samples.
+            proximal = score_fn(state.params, obs, action)[0].reshape(t, b, -1) * mask
+            weight, correction = truncated_importance_weight(
+                proximal, behaviour, mask, hp.importance_weight_cap, hp.importance_ratio
+            )
         flat = {
             "obs": obs,
             "action": action,
-            "log_prob": rows(behaviour),
+            "log_prob": rows(proximal),
             "value": rows(rollout["value"] * mask),
             "ref_log_prob": rows(ref_log_prob),
             "advantage": rows(advantages),
             "return": rows(returns),
             "mask": rows(mask),
         }
+        if correction:
+            flat["importance_weight"] = rows(weight)
         key, epoch_key = jax.random.split(state.key)
 
         # Gradients of the trained part only: the frozen rest is a constant of the loss.
@@ -400,7 +450,7 @@ def make_token_ppo_update(
             jnp.float32(hp.clip_eps),
             constrain_rows,
         )
-        metrics = jax.tree.map(jnp.mean, metrics)
+        metrics = jax.tree.map(jnp.mean, metrics) | correction
         tokens = jnp.sum(mask)
         metrics["kl_to_reference"] = jnp.sum(sample_kl) / jnp.maximum(tokens, 1.0)
         if hp.advantage == "gae":

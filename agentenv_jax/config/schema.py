@@ -194,7 +194,8 @@ class NetworkConfig:
 
 @dataclass(frozen=True)
 class PPOConfig:
-    """Proximal Policy Optimization with GAE (synchronous: policy lag 0)."""
+    """Proximal Policy Optimization with GAE (synchronous: policy lag 0; text envs may run
+    asynchronously, `max_policy_lag`)."""
 
     name: Literal["ppo"] = "ppo"  # algorithm family
     rollout_length: int = 32  # env steps per env per update (T); batch = T * global_num_envs
@@ -236,12 +237,20 @@ class PPOConfig:
     # response length lose up to overlong_penalty, linearly in how far into it they run.
     overlong_buffer: int = 0  # text envs: tokens before the response length (0: off)
     overlong_penalty: float = 1.0  # text envs: the penalty of an answer that fills the length
+    # Asynchronous token-level PPO: env ranks generate up to max_policy_lag updates ahead of
+    # the learner. The ratio is then clipped around the policy at the update's start, and each
+    # token is weighted by that policy's probability over the sampler's, truncated at
+    # importance_weight_cap (decoupled PPO with truncated importance sampling).
+    max_policy_lag: int = 0  # text envs: updates env ranks may run ahead (0: synchronous)
+    importance_weight_cap: float = 2.0  # text envs, max_policy_lag > 0: truncation of the weight
 
     def validate(self, prefix: str) -> None:
         checks = [
             ("kl_coef", self.kl_coef >= 0.0, "a number >= 0"),
             ("overlong_buffer", self.overlong_buffer >= 0, "an integer >= 0"),
             ("overlong_penalty", self.overlong_penalty >= 0.0, "a number >= 0"),
+            ("max_policy_lag", self.max_policy_lag >= 0, "an integer >= 0"),
+            ("importance_weight_cap", self.importance_weight_cap >= 1.0, "a number >= 1"),
             ("group_size", self.group_size >= 1, "an integer >= 1"),
             ("rollout_length", self.rollout_length >= 1, "an integer >= 1"),
             ("num_epochs", self.num_epochs >= 1, "an integer >= 1"),
@@ -296,6 +305,8 @@ class PPOConfig:
             "importance_ratio",
             "dynamic_sampling",
             "overlong_buffer",
+            "max_policy_lag",
+            "importance_weight_cap",
         ]
         return [name for name in names if getattr(self, name) != getattr(default, name)]
 

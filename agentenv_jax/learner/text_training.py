@@ -47,6 +47,7 @@ def token_ppo_hyperparams(algo: PPOConfig) -> TokenPPOHyperparams:
         dynamic_sampling=algo.dynamic_sampling,
         overlong_buffer=algo.overlong_buffer,
         overlong_penalty=algo.overlong_penalty,
+        importance_weight_cap=algo.importance_weight_cap if algo.max_policy_lag > 0 else None,
     )
 
 
