@@ -181,19 +181,30 @@ class Actor:
         transport_s = time.perf_counter() - started + self._unreported_transport_s
         buffer = self._queue.acquire()
         fields = self._segment_spec.views(buffer)
+        queued_s = self._queued_s()
         try:
             env_s, inference_s = self._fill_segment(fields)
         except CollectionStopped:
             self._queue.release(buffer)
             self.stopped = True
             return False
-        timers = {"env_step_s": env_s, "inference_s": inference_s, "transport_wait_s": transport_s}
+        timers = {
+            "env_step_s": env_s,
+            "inference_s": inference_s,
+            "inference_queue_s": self._queued_s() - queued_s,
+            "transport_wait_s": transport_s,
+        }
         fields["actor_seconds"][:] = [timers[name] for name in ACTOR_TIMERS]
         started = time.perf_counter()
         self._queue.push(buffer)
         self._channel.pump(self._queue)
         self._unreported_transport_s = time.perf_counter() - started
         return True
+
+    def _queued_s(self) -> float:
+        """Seconds the policy's requests have queued at the learner (central inference's
+        `RemotePolicy`; a policy on this env rank never queues)."""
+        return getattr(self._policy, "queued_s", 0.0)
 
     def _fill_segment(self, fields: dict[str, np.ndarray]) -> tuple[float, float]:
         """Step the envs `T` times into the segment `fields` (views `[T, E, ...]` of one

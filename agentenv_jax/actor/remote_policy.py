@@ -3,6 +3,7 @@ learner (`learner.inference_server`). The env rank holds no parameters."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 
 import numpy as np
@@ -29,6 +30,9 @@ class RemotePolicy:
         self._request = request_spec.allocate()
         self._fields = request_spec.views(self._request)
         self._num_envs = request_spec["obs"].shape[0]
+        # Seconds its requests waited for the learner beyond the learner's answering them:
+        # the server busy elsewhere (or, answering only between rounds, the learner updating).
+        self.queued_s = 0.0
 
     def set_params(self, flat_params: np.ndarray) -> None:
         """Parameter messages carry the version and normalizer statistics only."""
@@ -38,7 +42,10 @@ class RemotePolicy:
             raise ValueError(f"central inference takes {self._num_envs} rows, got {obs.shape}")
         self._fields["kind"][0] = kind
         self._fields["obs"][...] = obs
-        return self._reply_spec.views(self._call(self._request))
+        tick = time.perf_counter()
+        reply = self._reply_spec.views(self._call(self._request))
+        self.queued_s += max(time.perf_counter() - tick - float(reply["served_s"][0]), 0.0)
+        return reply
 
     def act(self, obs: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         reply = self._ask(INFERENCE_ACT, obs)

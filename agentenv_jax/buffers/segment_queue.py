@@ -14,7 +14,10 @@ import numpy as np
 from agentenv_jax.envs.factory import EnvSpaces
 from agentenv_jax.transport.spec import FieldSpec, MessageSpec
 
-ACTOR_TIMERS = ("env_step_s", "inference_s", "transport_wait_s")
+# An env rank's seconds per segment: stepping its envs, in policy calls (of which, under
+# central inference, `inference_queue_s` waited for the learner beyond its answering), and
+# waiting on the transport (parameters, credits, sends).
+ACTOR_TIMERS = ("env_step_s", "inference_s", "inference_queue_s", "transport_wait_s")
 
 
 def on_policy_segment_spec(

@@ -34,6 +34,7 @@ KLEstimator = Literal["k1", "k3"]
 LoRATarget = Literal["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 _ATTENTION: tuple[LoRATarget, ...] = ("q_proj", "k_proj", "v_proj", "o_proj")
 InferencePlace = Literal["env_ranks", "learner"]
+InferenceServing = Literal["thread", "between_rounds"]
 WandbMode = Literal["auto", "online", "offline"]
 
 
@@ -426,6 +427,10 @@ class TopologyConfig:
     # learner batches its env ranks' requests into one jitted call on its devices (KV-cached
     # generation for text). Env ranks then never hold the parameters.
     inference: InferencePlace = "env_ranks"  # where the policy acts: env_ranks or learner
+    # When the learner answers them: on a thread of its own, also while it updates (env ranks
+    # running ahead, max_policy_lag > 0, are served meanwhile), or only while it waits for a
+    # round's segments.
+    inference_serving: InferenceServing = "thread"  # thread or between_rounds
 
     @property
     def model_axis(self) -> int:

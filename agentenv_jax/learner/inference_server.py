@@ -5,10 +5,16 @@ jitted call of the policy on its own devices (KV-cached generation for language 
 answers each. The policy is the one env ranks would run (`actor.policy`, `actor.text_policy`),
 fed the learner's current parameters without a host copy, and each env rank keeps its own
 noise stream here, so what an env is answered does not depend on which requests share a batch.
+
+The server answers on a thread of its own (`topology.inference_serving: thread`, SEED RL's
+design), so env ranks that run ahead of the learner (`max_policy_lag > 0`) are served while it
+updates; or only while the learner waits for a round's segments (`between_rounds`).
 """
 
 from __future__ import annotations
 
+import sys
+import threading
 import time
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
@@ -22,6 +28,13 @@ from agentenv_jax.transport.spec import MessageSpec
 # in a synchronous round they step together, so their requests arrive within a few hundred
 # microseconds of each other.
 BATCH_WAIT_S = 0.002
+# How long the serving thread sleeps when no request is waiting: short against a generation
+# call, long enough to leave the interpreter to the learner's own thread.
+IDLE_S = 0.0002
+# The interpreter's thread switch interval while the serving thread runs: a thread that wants
+# the interpreter waits up to this long for one that polls (5 ms by default, as long as a
+# whole generation call of a small policy).
+SWITCH_INTERVAL_S = 0.0002
 
 
 class BatchPolicy(Protocol):
@@ -56,6 +69,7 @@ class InferenceServer:
 
     `noise[i]()` draws env rank i's noise for one call (`noise_source` of the policy, seeded as
     that env rank's own policy would be). `eos_id`: text envs, to count generated tokens.
+    `threaded`: `start` starts the serving thread (else the learner calls `serve` itself).
     """
 
     def __init__(
@@ -66,6 +80,7 @@ class InferenceServer:
         reply_specs: Sequence[MessageSpec],
         noise: Sequence[Callable[[], np.ndarray]],
         eos_id: int | None = None,
+        threaded: bool = False,
     ):
         self._policy = policy
         self._endpoint = endpoint
@@ -81,12 +96,59 @@ class InferenceServer:
         self.rows = 0  # rows of real requests answered (padding excluded)
         self.tokens_generated = 0
         self.compute_s = 0.0
+        # The serving thread, once started; it serves until `close`, and an error it meets is
+        # raised on the learner's thread by `check`.
+        self._threaded = threaded
+        self._thread: threading.Thread | None = None
+        self._closing = threading.Event()
+        self._error: BaseException | None = None
+        # On the thread no round says which env ranks are stepping: those of the last batch
+        # (they step together) are waited for.
+        self._last_batch: list[int] = []
 
     def set_params(self, flat_params: Any) -> None:
         self._policy.set_params(flat_params)
 
+    @property
+    def threaded(self) -> bool:
+        """Whether requests are answered on the serving thread (else by `serve`)."""
+        return self._threaded
+
+    def start(self) -> None:
+        """With `threaded`: answer requests from a thread of its own from now on, until
+        `close`."""
+        if not self._threaded or self._thread is not None:
+            return
+        sys.setswitchinterval(SWITCH_INTERVAL_S)
+        self._thread = threading.Thread(target=self._serve_until_closed, name="inference")
+        self._thread.daemon = True  # a failing learner exits without waiting for it
+        self._thread.start()
+
+    def _serve_until_closed(self) -> None:
+        try:
+            while not self._closing.is_set():
+                if not self.serve(lambda: self._last_batch):
+                    time.sleep(IDLE_S)
+        except BaseException as err:  # raised again on the learner's thread by `check`
+            self._error = err
+
+    def check(self, collecting: object = None) -> None:
+        """Raise on the calling thread the error the serving thread stopped with, if any.
+
+        It replaces `serve` (and takes its argument) while the learner waits for a round, and
+        pauses as it checks: a learner that spun while waiting would take from generation the
+        core it needs."""
+        if self._error is not None:
+            raise self._error
+        time.sleep(IDLE_S)
+
     def close(self) -> None:
-        """At shutdown, once every env rank has reported: the endpoint lets its receives go."""
+        """At shutdown, once every env rank has reported: the serving thread stops and the
+        endpoint lets its receives go."""
+        if self._thread is not None:
+            self._closing.set()
+            self._thread.join()
+            self.check()
         self._endpoint.close()
 
     def serve(self, collecting: Callable[[], Sequence[int]] | None = None) -> bool:
@@ -107,6 +169,7 @@ class InferenceServer:
         self.answer(indices, requests, replies)
         for index in indices:
             self._endpoint.reply(index)
+        self._last_batch = indices
         return True
 
     def answer(
@@ -145,8 +208,11 @@ class InferenceServer:
                 self.batches += 1
             else:
                 self.value_batches += 1
+        served_s = time.perf_counter() - tick
+        for reply in replies:
+            reply["served_s"][0] = served_s
         self.requests += len(indices)
-        self.compute_s += time.perf_counter() - tick
+        self.compute_s += served_s
 
     def _full_batch(self, indices: list[int], requests: list[dict[str, np.ndarray]]) -> np.ndarray:
         """Every env rank's rows: the requests' observations where they asked, copies of the

@@ -225,6 +225,7 @@ class Learner:
         # Central inference (`topology.inference: learner`): this learner acts for its env
         # ranks on one of its own devices.
         self.inference_device = self.mesh.local_mesh.devices.flat[0]
+        self._computed_s = 0.0  # the server's compute seconds at the last record
         self.inference = (
             None
             if make_inference_server is None
@@ -301,6 +302,8 @@ class Learner:
         """Broadcast the current version so env ranks can start collecting."""
         self._start_time = time.perf_counter()
         self._broadcast()
+        if self.inference is not None:
+            self.inference.start()
 
     def _broadcast(self) -> None:
         fields = self._param_spec.views(self._param_message)
@@ -322,10 +325,11 @@ class Learner:
     def run_once(self) -> dict[str, Any]:
         """One synchronous round: receive, update, broadcast (unless the run is over)."""
         tick = time.perf_counter()
-        buffers = self._channel.receive_round(
-            self.config.run.transport_timeout_s,
-            serve=None if self.inference is None else self.inference.serve,
-        )
+        serve = None
+        if self.inference is not None:
+            # A serving thread answers by itself: waiting, the learner only checks on it.
+            serve = self.inference.check if self.inference.threaded else self.inference.serve
+        buffers = self._channel.receive_round(self.config.run.transport_timeout_s, serve=serve)
         wait_s = time.perf_counter() - tick
         segments = [spec.views(buf) for spec, buf in zip(self._segment_specs, buffers, strict=True)]
         rollout = {
@@ -374,6 +378,7 @@ class Learner:
             **metrics,
             "time/learner_wait_s": wait_s,
             "time/learner_update_s": update_s,
+            **self._generate_time(),
             **{
                 f"time/actor_{name}": float(v)
                 for name, v in zip(ACTOR_TIMERS, actor_seconds, strict=True)
@@ -390,6 +395,15 @@ class Learner:
         if self._progress is not None:
             self._progress.update(record, force=self.done)
         return record
+
+    def _generate_time(self) -> dict[str, float]:
+        """Central inference: the seconds the server computed since the last record (while
+        the learner waited, or on its thread also while it updated)."""
+        if self.inference is None:
+            return {}
+        computed = self.inference.compute_s
+        since, self._computed_s = computed - self._computed_s, computed
+        return {"time/learner_generate_s": since}
 
     def _round_summaries(self, segments: list[dict[str, np.ndarray]]) -> list[dict[str, Any]]:
         """Every env rank's segment summary this round, learner-major (with one learner: the

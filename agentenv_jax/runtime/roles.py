@@ -298,6 +298,13 @@ def on_policy_plan(config: ExperimentConfig, topology: Topology, spaces) -> Role
         policy = build_central_policy(config, spaces, network, device)
         mine = feeders[learner]
         endpoint = channel.inference_endpoint
+        # In one process the env rank's call is answered at once (`InProcessInference`):
+        # there is nothing for a thread to serve.
+        threaded = config.topology.inference_serving == "thread" and not hasattr(endpoint, "attach")
+        if threaded:
+            from agentenv_jax.transport.mpi.inference import require_thread_multiple
+
+            require_thread_multiple()
         server = InferenceServer(
             policy,
             endpoint,
@@ -305,6 +312,7 @@ def on_policy_plan(config: ExperimentConfig, topology: Topology, spaces) -> Role
             [specs[i][1] for i in mine],
             central_noise_sources(config, topology, spaces, policy, mine),
             eos_id=None if spaces.text is None else spaces.text.eos_id,
+            threaded=threaded,
         )
         if hasattr(endpoint, "attach"):
             endpoint.attach(server)

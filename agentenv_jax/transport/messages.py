@@ -128,12 +128,15 @@ def inference_reply_spec(
     num_envs: int,
 ) -> MessageSpec:
     """The learner's answer: actions with their log-probs and values (`per_token`: `(M,)` for a
-    text env's messages, else `()`), or `state_value` for a value request."""
+    text env's messages, else `()`), or `state_value` for a value request; `served_s`, the
+    seconds the learner spent answering the batch it was in (the rest of the env rank's wait
+    was queueing)."""
     return MessageSpec(
         [
             FieldSpec("action", (num_envs, *action_shape), action_dtype),
             FieldSpec("log_prob", (num_envs, *per_token), np.float32),
             FieldSpec("value", (num_envs, *per_token), np.float32),
             FieldSpec("state_value", (num_envs,), np.float32),
+            FieldSpec("served_s", (1,), np.float64),
         ]
     )

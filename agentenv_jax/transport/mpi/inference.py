@@ -14,9 +14,29 @@ from collections.abc import Callable
 import numpy as np
 from mpi4py import MPI
 
+from agentenv_jax.config.errors import ConfigError
 from agentenv_jax.transport.base import CollectionStopped, TransportError
 from agentenv_jax.transport.messages import TAG_INFERENCE_REPLY, TAG_INFERENCE_REQUEST
 from agentenv_jax.transport.mpi.world import FAILED_RANKS, Backoff, cancel_receives, finish_sends
+
+_THREAD_LEVELS = {
+    MPI.THREAD_SINGLE: "MPI_THREAD_SINGLE",
+    MPI.THREAD_FUNNELED: "MPI_THREAD_FUNNELED",
+    MPI.THREAD_SERIALIZED: "MPI_THREAD_SERIALIZED",
+    MPI.THREAD_MULTIPLE: "MPI_THREAD_MULTIPLE",
+}
+
+
+def require_thread_multiple() -> None:
+    """The learner's serving thread calls MPI beside its main thread: the MPI library must
+    provide MPI_THREAD_MULTIPLE (mpi4py asks for it; MPICH and Open MPI give it)."""
+    provided = MPI.Query_thread()
+    if provided < MPI.THREAD_MULTIPLE:
+        raise ConfigError(
+            "topology.inference_serving = 'thread' needs MPI_THREAD_MULTIPLE; this MPI "
+            f"library provides {_THREAD_LEVELS.get(provided, provided)}: set "
+            "topology.inference_serving=between_rounds"
+        )
 
 
 class MPIInferenceClient:
