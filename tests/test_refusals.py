@@ -1,5 +1,6 @@
 """What docs/ promises a run refuses, or guarantees, at start-up: IMPALA and SAC
-on multi-agent envs, `eval --video` of a multi-agent run, `run.tensorboard` without
+on multi-agent envs, `eval --video` of a multi-agent run, `eval --split` of a task without
+splits, `run.tensorboard` without
 tensorboardX, a sweep without rliable; and that a separate value trunk gives the policy no
 value gradient, and env ranks run XLA single-threaded (`topology.single_threaded_env_ranks`)."""
 
@@ -96,6 +97,21 @@ def test_eval_video_of_a_multi_agent_run_is_refused(tmp_path, capsys):
 
 
 @pytest.mark.slow
+def test_eval_split_of_a_task_without_splits_is_refused_before_anything_loads(tmp_path):
+    """Only reasoning-gym tasks have a held-out split; the refusal comes before any checkpoint
+    is read (this run folder has none)."""
+    (tmp_path / "config.yaml").write_text((EXPERIMENTS / "arithmetic_ppo.yaml").read_text())
+    with pytest.raises(ConfigError, match=r"--split is for text tasks with a held-out split"):
+        evaluate(tmp_path, episodes=1, split="test")
+    (tmp_path / "config.yaml").write_text(
+        (EXPERIMENTS / "arithmetic_ppo.yaml")
+        .read_text()
+        .replace("agentenv_jax/Arithmetic-v0", "reasoning_gym/chain_sum")
+    )
+    with pytest.raises(ConfigError, match=r"--split = 'dev' is not allowed: expected one of"):
+        evaluate(tmp_path, episodes=1, split="dev")
+
+
 def test_tensorboard_without_tensorboardx_does_not_start(tmp_path):
     """Docs: run.tensorboard needs tensorboardX; without it the run does not start and
     says so."""

@@ -22,8 +22,9 @@ from agentenv_jax.envs.text import (
     close_text_env_id,
     is_text_env,
     make_text_vector_env,
+    verification,
 )
-from agentenv_jax.envs.text.tasks import extract_answer
+from agentenv_jax.envs.text.tasks import answer_text, extract_answer
 
 TOK = BYTE_TOKENIZER
 PAD, BOS, EOS = 256, 257, 258
@@ -549,7 +550,7 @@ def test_reasoning_gym_difficulty_kwargs_and_seeding():
     rng = np.random.default_rng(0)
     for _ in range(10):
         question = task.reset(rng)
-        match = re.search(r"(\d) \+ (\d)", question)
+        match = re.fullmatch(r"Calculate (\d+) \+ (\d+)\.", question)
         assert match, question
         assert task.entry["answer"] == str(int(match[1]) + int(match[2]))
     same = [ReasoningGymTask("chain_sum").reset(np.random.default_rng(4)) for _ in range(2)]
@@ -595,12 +596,26 @@ def test_reasoning_gym_pass_through_dataset_and_unparseable_answers():
         (lambda: ReasoningGymTask("chain_sum", size=3), r"env\.kwargs\.size is set by the env"),
         (lambda: ReasoningGymTask("chain_sum", seed_offset=-1), r"env\.kwargs\.seed_offset = -1"),
         (
+            lambda: ReasoningGymTask("chain_sum", split="dev"),
+            r"env\.kwargs\.split = 'dev' is not allowed: expected one of train, test",
+        ),
+        (
+            lambda: ReasoningGymTask("chain_sum", answer_format="last"),
+            r"env\.kwargs\.answer_format = 'last' is not allowed: expected one of dataset, "
+            "last_number, boxed",
+        ),
+        (
+            lambda: ReasoningGymTask("chain_sum", instruction=3),
+            r"env\.kwargs\.instruction = 3: expected a string",
+        ),
+        (
             lambda: ReasoningGymTask("chain_sum", min_terms=5, max_terms=2),
             "AssertionError: max_terms must be >= min_terms",
         ),
         (
             lambda: make_text_vector_env("reasoning_gym/chain_sum", 1, {"max_turns": 2}),
-            r"env\.kwargs\.max_turns is not .*allowed: context_length, response_length, group_size, seed_offset, min_terms",
+            r"env\.kwargs\.max_turns is not .*allowed: context_length, response_length, group_size, "
+            "seed_offset, split, answer_format, instruction, min_terms",
         ),
     ],
 )
@@ -608,3 +623,83 @@ def test_reasoning_gym_errors(make, pattern):
     pytest.importorskip("reasoning_gym")
     with pytest.raises(EnvError, match=pattern):
         make()
+
+
+@pytest.mark.parametrize(
+    ("gold", "answer", "plain", "with_math_verify"),
+    [
+        ("28080", "28,080", True, True),
+        ("28080", "28080.0", True, True),
+        ("-7", "-7", True, True),
+        ("42", "41", False, False),
+        ("0.5", "1/2", False, True),  # math-verify reads the fraction
+        ("0.5", r"\frac{1}{2}", False, True),
+        ("3", "x + 1", False, False),
+        ("3", "", False, False),
+    ],
+)
+def test_numbers_match_with_and_without_math_verify(
+    monkeypatch, gold, answer, plain, with_math_verify
+):
+    assert verification.plain_numbers_match(gold, answer) == plain
+    if verification.math_verify() is not None:
+        assert verification.numbers_match(gold, answer) == with_math_verify
+    monkeypatch.setattr(verification, "math_verify", lambda: None)  # as if not installed
+    assert verification.numbers_match(gold, answer) == plain
+    assert not verification.numbers_match(gold, "1" * (verification.MAX_ANSWER_CHARS + 1))
+
+
+def test_answer_text_cuts_the_answer_out():
+    assert answer_text(" 42 \n", "exact") == "42"
+    assert answer_text("17 + 25 = 42.", "last_number") == "42"
+    assert answer_text(r"so \boxed{6*(98 - 54) - 34} it is", "boxed") == "6*(98 - 54) - 34"
+    assert answer_text("no box", "boxed") is None
+
+
+def test_reasoning_gym_word_problems_are_checked_on_the_extracted_number():
+    pytest.importorskip("reasoning_gym")
+    last = ReasoningGymTask("gsm_symbolic", answer_format="last_number")
+    boxed = ReasoningGymTask("gsm_symbolic", answer_format="boxed")
+    rng = np.random.default_rng(0)
+    for _ in range(5):
+        gold = int(last.reset(rng) and last.entry["answer"])
+        assert last.reply(f"Adding up, the total is {gold:,}.").reward == 1.0
+        assert last.reply(f"{gold} in all, or rather {gold + 1}").reward == 0.0
+        assert last.reply("I cannot tell").reward == 0.0
+        boxed.entry = last.entry
+        assert boxed.reply(f"so \\boxed{{{gold}}} dollars").success
+        assert not boxed.reply(str(gold)).success  # not boxed: no answer
+    # The dataset's own scorer reads the first number of the whole message (0.01 if wrong).
+    plain = ReasoningGymTask("gsm_symbolic")
+    plain.entry = last.entry
+    assert plain.reply(f"{gold - 1}, no: {gold}").reward == 0.01
+
+
+def test_reasoning_gym_countdown_expressions_are_scored_by_the_dataset_inside_the_box():
+    pytest.importorskip("reasoning_gym")
+    task = ReasoningGymTask("countdown", answer_format="boxed")
+    task.reset(np.random.default_rng(0))
+    expression = task.entry["answer"]
+    assert task.reply(f"I try: \\boxed{{{expression}}}").reward == 1.0
+    assert task.reply(expression).reward == 0.0  # not boxed
+    assert task.reply("\\boxed{1 + 1}").reward < 1.0
+
+
+def test_reasoning_gym_test_split_is_held_out_and_instructions_are_appended():
+    pytest.importorskip("reasoning_gym")
+    for dataset in ("gsm_symbolic", "chain_sum"):
+        train = ReasoningGymTask(dataset)
+        test = ReasoningGymTask(dataset, split="test", instruction="Put it in \\boxed{}.")
+        half = train._size // 2
+        train_rng, test_rng = np.random.default_rng(3), np.random.default_rng(3)
+        for _ in range(20):
+            question = train.reset(train_rng)
+            held_out = test.reset(test_rng)
+            assert train.entry["metadata"]["source_index"] < half
+            assert test.entry["metadata"]["source_index"] >= half
+            assert held_out == test.entry["question"] + "\nPut it in \\boxed{}."
+            assert question == train.entry["question"]
+    # The same seeds give the same held-out problems: a fixed evaluation set.
+    again = ReasoningGymTask("chain_sum", split="test")
+    first = [again.reset(np.random.default_rng(s)) for s in range(3)]
+    assert first == [again.reset(np.random.default_rng(s)) for s in range(3)]

@@ -214,6 +214,61 @@ def test_a_serving_thread_idles_env_ranks_less_than_serving_between_rounds(run_d
 
 
 @pytest.mark.slow
+def test_a_reasoning_gym_run_is_evaluated_on_its_held_out_split(run_dir):
+    """GRPO on reasoning-gym sums read by their last number, then `agentenv eval --split`: the
+    held-out problems are other problems than the training split's on the same seeds, and a
+    task without splits is refused by name."""
+    proc = run_command(
+        agentenv_command(
+            "train",
+            "arithmetic_ppo",
+            *settings(
+                f"run.run_dir={run_dir}",
+                "run.name=gym",
+                "run.progress=false",
+                "run.total_env_steps=256",
+                "env.id=reasoning_gym/basic_arithmetic",
+                "env.kwargs={context_length: 24, response_length: 4, answer_format: "
+                "last_number, min_terms: 2, max_terms: 2, min_digits: 1, max_digits: 1, "
+                "operators: ['+'], allow_parentheses: false, allow_negation: false}",
+                "algorithm.advantage=group",
+                "algorithm.group_size=4",
+            ),
+        ),
+        timeout=300,
+        cwd=REPO,
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    prompts = {}
+    for split in ("train", "test"):
+        proc = run_command(
+            agentenv_command(
+                "eval",
+                str(run_dir / "gym"),
+                "--episodes",
+                "8",
+                "--split",
+                split,
+                "--dialogues",
+                "8",
+            ),
+            timeout=300,
+            cwd=REPO,
+        )
+        assert proc.returncode == 0, proc.stderr[-4000:]
+        assert "8 episodes (deterministic)" in proc.stdout.splitlines()[0], proc.stdout
+        prompts[split] = re.findall(r"^ +(Calculate .*)$", proc.stdout, re.MULTILINE)
+        assert len(prompts[split]) == 8, proc.stdout
+    assert prompts["train"] != prompts["test"]
+    proc = run_command(
+        agentenv_command("eval", str(run_dir / "gym"), "--episodes", "2", "--split", "dev"),
+        timeout=60,
+        cwd=REPO,
+    )
+    assert proc.returncode != 0 and "invalid choice: 'dev'" in proc.stderr
+
+
+@pytest.mark.slow
 def test_the_group_baseline_lifts_accuracy_above_random_answers(run_dir):
     """GRPO's group advantage (`algorithm.advantage=group`, 8 answers per prompt, critic-free)
     on the shipped arithmetic task, 100 updates in one process (~25 s). Random play is what the

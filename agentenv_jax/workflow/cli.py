@@ -75,6 +75,12 @@ def _parser() -> argparse.ArgumentParser:
         "pass@K and the accuracy over all answers",
     )
     evaluate.add_argument(
+        "--split",
+        choices=["train", "test"],
+        help="text tasks with a held-out split (reasoning_gym/<dataset>): the problems of "
+        "this split (default the run's own; test is never trained on)",
+    )
+    evaluate.add_argument(
         "--dialogues",
         type=int,
         default=0,
@@ -345,6 +351,7 @@ def main(argv: list[str] | None = None) -> int:
                 args.seed,
                 args.video,
                 args.pass_at,
+                args.split,
             )
             print(result.describe(), flush=True)
             if args.dialogues and result.dialogues is not None:

@@ -13,7 +13,17 @@ difficulty is set through dataset kwargs, which pass to the dataset's config as 
   `min_value`/`max_value`;
 * `spell_backward`: `min_word_len`/`max_word_len`;
 * `puzzle24`: `min_value`/`max_value` (within 1..10), `operators`;
-* `mini_sudoku`: `min_empty`/`max_empty` (within 0..12).
+* `mini_sudoku`: `min_empty`/`max_empty` (within 0..12);
+* `gsm_symbolic`: grade-school math word problems (`difficulty`), integer answers;
+* `countdown`: reach a target from given numbers (`min_numbers`/`max_numbers`,
+  `min_value`/`max_value`, `min_target`/`max_target`), an expression as the answer.
+
+The adapter's own kwargs: `seed_offset`; `split` (`train` or `test`: disjoint halves of the
+dataset's entries, `test` held out for `agentenv eval --split test`); `answer_format` (`dataset`:
+the dataset's scorer reads the whole message; `last_number` or `boxed`: the answer is cut out
+first, the last number or the last `\\boxed{}`, and checked numerically against a numeric gold
+answer, with math-verify where installed, else by the dataset's scorer); `instruction`, appended
+to every question (e.g. "Put the final answer in \\boxed{}.").
 
 Any other registered reasoning-gym dataset passes through too, untested. Questions are long
 (60-450 bytes at the defaults) and some answers too (`number_sorting`: up to ~90 bytes,
@@ -30,7 +40,8 @@ from typing import Any
 import numpy as np
 
 from agentenv_jax.envs.spaces import EnvError
-from agentenv_jax.envs.text.tasks import TaskReply, require_int
+from agentenv_jax.envs.text.tasks import TaskReply, answer_text, parse_number, require_int
+from agentenv_jax.envs.text.verification import numbers_match
 
 # Dataset name -> what it asks (and how long its answers run at the default difficulty).
 REASONING_GYM_TASKS: dict[str, str] = {
@@ -41,12 +52,23 @@ REASONING_GYM_TASKS: dict[str, str] = {
     "spell_backward": "spell an English word backwards (answers 3-10 bytes)",
     "puzzle24": "make 24 from four numbers 1-10 with + - * / (answers ~7-15 bytes)",
     "mini_sudoku": "solve a 4x4 sudoku, rows on lines (answers 31 bytes)",
+    "gsm_symbolic": "solve a grade-school math word problem (integer answers)",
+    "countdown": "reach a target from 3-4 numbers with + - * / (an expression)",
 }
 # Entries are drawn by index from one dataset of this size; reasoning-gym generates entry `i` of
-# a dataset seeded `s` from `Random(s + i)` on demand, so the size costs nothing.
+# a dataset seeded `s` from `Random(s + i)` on demand, so the size costs nothing. The training
+# split draws from the first half, the held-out test split from the second: their generators'
+# seeds never meet (two seeds can still phrase the same question on a small problem space).
 _INDEX_RANGE = 2**31
+# Datasets that hold per-entry state for their whole size (gsm_symbolic: which of its 100
+# templates each entry uses, 8 bytes an entry) are made with this many entries instead.
+_MATERIALIZED_RANGE = 2**20
+_MATERIALIZING = ("gsm_symbolic", "list_functions", "acre")
+TASK_SPLITS = ("train", "test")
+_ANSWER_FORMATS = ("dataset", "last_number", "boxed")
 # Set by the adapter, not the user: the seed comes from the episode's rng.
 _RESERVED = ("seed", "size")
+_ADAPTER_KWARGS = ["seed_offset", "split", "answer_format", "instruction"]
 
 
 def import_reasoning_gym() -> ModuleType:
@@ -88,26 +110,37 @@ def _config_class(dataset_name: str) -> type:
 
 
 def reasoning_gym_kwargs(dataset_name: str) -> list[str]:
-    """The kwargs a `ReasoningGymTask` of `dataset_name` takes: `seed_offset` and the dataset's
-    config fields but `seed` and `size` (`EnvError` for an unknown dataset)."""
+    """The kwargs a `ReasoningGymTask` of `dataset_name` takes: the adapter's own and the
+    dataset's config fields but `seed` and `size` (`EnvError` for an unknown dataset)."""
     fields = [field.name for field in dataclasses.fields(_config_class(dataset_name))]
-    return ["seed_offset"] + [name for name in fields if name not in _RESERVED]
+    return _ADAPTER_KWARGS + [name for name in fields if name not in _RESERVED]
 
 
 class ReasoningGymTask:
-    """One reasoning-gym dataset as a single-turn task: the prompt is an entry's question, the
-    reward the dataset's own `score_answer` of the message (whitespace stripped), success a
+    """One reasoning-gym dataset as a single-turn task: the prompt is an entry's question (and
+    `instruction`), the reward the dataset's own `score_answer` of the message (whitespace
+    stripped) or, with `answer_format` `last_number` or `boxed`, of the answer cut out of it
+    (a numeric gold answer is compared as a number: `verification.numbers_match`); success a
     score of 1.0.
 
-    Entries are drawn by index from the dataset seeded `seed_offset`, so the episode's rng
-    decides the question; another `seed_offset` gives other questions for the same rng.
-    `dataset_kwargs` set the difficulty (see the module docstring). Unknown datasets, unknown
-    kwargs and configs the dataset rejects are `EnvError`s, raised here rather than mid-run.
+    Entries are drawn by index from `split`'s half of the dataset seeded `seed_offset`, so the
+    episode's rng decides the question; another `seed_offset` gives other questions for the
+    same rng. `dataset_kwargs` set the difficulty (see the module docstring). Unknown datasets,
+    unknown kwargs and configs the dataset rejects are `EnvError`s, raised here rather than
+    mid-run.
     """
 
     max_turns = 1
 
-    def __init__(self, dataset_name: str, seed_offset: int = 0, **dataset_kwargs: Any):
+    def __init__(
+        self,
+        dataset_name: str,
+        seed_offset: int = 0,
+        split: str = "train",
+        answer_format: str = "dataset",
+        instruction: str = "",
+        **dataset_kwargs: Any,
+    ):
         reasoning_gym = import_reasoning_gym()
         allowed = reasoning_gym_kwargs(dataset_name)
         for name in dataset_kwargs:
@@ -124,10 +157,26 @@ class ReasoningGymTask:
                     f"{dataset_name!r}{hint}; allowed: {', '.join(allowed)}"
                 )
         seed_offset = require_int("env.kwargs.seed_offset", seed_offset, 0)
+        for name, value, allowed_values in (
+            ("split", split, TASK_SPLITS),
+            ("answer_format", answer_format, _ANSWER_FORMATS),
+        ):
+            if value not in allowed_values:
+                raise EnvError(
+                    f"env.kwargs.{name} = {value!r} is not allowed: expected one of "
+                    f"{', '.join(allowed_values)}"
+                )
+        if not isinstance(instruction, str):
+            raise EnvError(f"env.kwargs.instruction = {instruction!r}: expected a string")
         self.dataset_name = dataset_name
+        self.split = split
+        self._size = _MATERIALIZED_RANGE if dataset_name in _MATERIALIZING else _INDEX_RANGE
+        self._first_index = 0 if split == "train" else self._size // 2
+        self._answer_format = answer_format
+        self._instruction = instruction
         try:
             self._dataset = reasoning_gym.create_dataset(
-                dataset_name, seed=seed_offset, size=_INDEX_RANGE, **dataset_kwargs
+                dataset_name, seed=seed_offset, size=self._size, **dataset_kwargs
             )
             # Generate one entry now: some configs fail only when an entry is generated.
             self._dataset[0]
@@ -141,16 +190,30 @@ class ReasoningGymTask:
         self.entry: dict[str, Any] | None = None  # the current episode's question and answer
 
     def reset(self, rng: np.random.Generator) -> str:
-        self.entry = self._dataset[int(rng.integers(_INDEX_RANGE))]
-        return str(self.entry["question"])
+        index = self._first_index + int(rng.integers(self._size // 2))
+        self.entry = self._dataset[index]
+        question = str(self.entry["question"])
+        return f"{question}\n{self._instruction}" if self._instruction else question
 
     def reply(self, message: str) -> TaskReply:
         if self.entry is None:
             raise RuntimeError("ReasoningGymTask.reply before reset")
+        score = self.score(message)
+        return TaskReply(text=None, reward=score, done=True, success=score >= 1.0)
+
+    def score(self, message: str) -> float:
+        """The reward of `message` answering the current entry."""
+        answer = message.strip()
+        if self._answer_format != "dataset":
+            answer = answer_text(message, self._answer_format)
+            if answer is None:
+                return 0.0
+            gold = str(self.entry["answer"])
+            if parse_number(gold) is not None:
+                return 1.0 if numbers_match(gold, answer) else 0.0
         try:
-            score = float(self._dataset.score_answer(answer=message.strip(), entry=self.entry))
+            return float(self._dataset.score_answer(answer=answer, entry=self.entry))
         except Exception:
             # Scorers parse free text and some raise on text they cannot parse (e.g.
             # prime_factorization's int()): such an answer is simply wrong.
-            score = 0.0
-        return TaskReply(text=None, reward=score, done=True, success=score >= 1.0)
+            return 0.0

@@ -81,21 +81,33 @@ def _last_boxed(message: str) -> str | None:
     return None
 
 
-def extract_answer(message: str, answer_format: str) -> float | None:
-    """The number `message` answers, read as `answer_format` says: "exact" (the whole
-    message is the integer), "last_number" (the last number in it, as in GSM8K's scoring:
-    "17 + 25 = 42." answers 42) or "boxed" (the number inside its last `\\boxed{}`); None
+def answer_text(message: str, answer_format: str) -> str | None:
+    """The part of `message` that is its answer, as `answer_format` says: "exact" (the whole
+    message, stripped), "last_number" (the last number in it, as in GSM8K's scoring: "17 + 25
+    = 42." answers "42") or "boxed" (the content of its last `\\boxed{}`, stripped); None
     without one."""
+    if answer_format == "exact":
+        return message.strip()
+    if answer_format == "boxed":
+        boxed = _last_boxed(message)
+        return None if boxed is None else boxed.strip()
+    numbers = _NUMBER.findall(message)
+    return numbers[-1] if numbers else None
+
+
+def parse_number(text: str) -> float | None:
+    """The number `text` is (thousands commas allowed), else None."""
+    return float(text.replace(",", "")) if _NUMBER.fullmatch(text.strip()) else None
+
+
+def extract_answer(message: str, answer_format: str) -> float | None:
+    """The number `message` answers, read as `answer_format` says (`answer_text`; "exact":
+    the whole message is the integer); None without one."""
     if answer_format == "exact":
         value = parse_integer(message)
         return None if value is None else float(value)
-    if answer_format == "boxed":
-        boxed = _last_boxed(message)
-        if boxed is None or not _NUMBER.fullmatch(boxed.strip()):
-            return None
-        return float(boxed.strip().replace(",", ""))
-    numbers = _NUMBER.findall(message)
-    return float(numbers[-1].replace(",", "")) if numbers else None
+    text = answer_text(message, answer_format)
+    return None if text is None else parse_number(text)
 
 
 def parse_integer(message: str) -> int | None:
