@@ -96,7 +96,6 @@ def test_eval_video_of_a_multi_agent_run_is_refused(tmp_path, capsys):
     assert len(evaluate(run, episodes=1).returns) == 1  # the run itself evaluates
 
 
-@pytest.mark.slow
 def test_eval_split_of_a_task_without_splits_is_refused_before_anything_loads(tmp_path):
     """Only reasoning-gym tasks have a held-out split; the refusal comes before any checkpoint
     is read (this run folder has none)."""
@@ -112,6 +111,7 @@ def test_eval_split_of_a_task_without_splits_is_refused_before_anything_loads(tm
         evaluate(tmp_path, episodes=1, split="dev")
 
 
+@pytest.mark.slow
 def test_tensorboard_without_tensorboardx_does_not_start(tmp_path):
     """Docs: run.tensorboard needs tensorboardX; without it the run does not start and
     says so."""
