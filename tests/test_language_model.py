@@ -156,6 +156,34 @@ def test_sampling_draws_what_jax_random_categorical_draws() -> None:
         assert got.dtype == np.int32 and got[5] == 7 and np.all(masked_rows >= 100)
 
 
+def test_generation_stops_once_every_row_has_answered() -> None:
+    """Decoding ends with the longest answer, not after `response_length` tokens; the steps not
+    run are the fill a finished row emits."""
+    base = make_language_model(language_model_spec("tiny", VOCAB))
+    params = sharpened(base, seed=11)
+    eos_row = params["policy"]["token_embedding"][EOS]
+    params["policy"]["final_norm"]["bias"] += 2.0 * eos_row / np.dot(eos_row, eos_row)
+    decodes = []
+
+    def counted_decode(*args, **kwargs):
+        jax.debug.callback(lambda: decodes.append(1))
+        return base.decode(*args, **kwargs)
+
+    lm = base._replace(decode=counted_decode)
+    context = jnp.asarray(padded_contexts())
+    key = jax.random.key(5)
+    free = generate_jit(
+        lm, params, context, key, response_length=RESPONSE_LENGTH, pad_id=PAD, eos_id=EOS
+    )
+    longest = int(np.asarray(free.mask).sum(axis=1).max())
+    assert len(decodes) == longest, (len(decodes), longest)
+    assert 1 < longest < RESPONSE_LENGTH  # the case is not degenerate: some rows end early
+    tail = np.asarray(free.tokens)[:, longest:]
+    np.testing.assert_array_equal(tail, PAD)
+    np.testing.assert_array_equal(np.asarray(free.mask)[:, longest:], 0.0)
+    np.testing.assert_array_equal(np.asarray(free.log_probs)[:, longest:], 0.0)
+
+
 def test_response_mask_ends_after_the_first_eos() -> None:
     response = jnp.array([[5, EOS, PAD, PAD], [EOS, 3, EOS, PAD], [1, 2, 3, 4]])
     expected = [[1, 1, 0, 0], [1, 0, 0, 0], [1, 1, 1, 1]]

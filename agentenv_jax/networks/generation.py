@@ -58,7 +58,8 @@ def generate(
     `temperature` must be > 0.
 
     `use_cache=True`: one `prefill` of the context into a KV cache of length L + M, then one
-    `decode` per token in a `lax.scan`. `use_cache=False`: each step reruns `apply` over the whole
+    `decode` per token in a `lax.while_loop` that ends when every row has emitted EOS (or after
+    M tokens). `use_cache=False`: each step reruns `apply` over the whole
     `[B, L + M]` buffer (the tokens so far, the rest masked) — the reference the cache is tested
     against. After a row's first EOS it emits `pad_id`, with log-prob, value and mask 0.
 
@@ -83,24 +84,45 @@ def generate(
             alive,
         )
 
+    # Steps run while a row is still answering, at most `response_length`: a batch of short
+    # answers ("5<|im_end|>") stops after its longest one instead of decoding M tokens. The
+    # steps skipped would emit pad_id with log-prob, value and mask 0, the outputs' fill.
+    outputs = (
+        jnp.full((response_length, batch), pad_id, jnp.int32),
+        jnp.zeros((response_length, batch), jnp.float32),
+        jnp.zeros((response_length, batch), jnp.float32),
+        jnp.zeros((response_length, batch), bool),
+    )
+
+    def record(outputs: tuple, step: jax.Array, emitted: tuple) -> tuple:
+        return tuple(
+            jax.lax.dynamic_update_index_in_dim(out, new.astype(out.dtype), step, axis=0)
+            for out, new in zip(outputs, emitted, strict=True)
+        )
+
+    def answering(carry: tuple) -> jax.Array:
+        step, done = carry[0], carry[1]
+        return (step < response_length) & ~jnp.all(done)
+
     done = jnp.zeros((batch,), bool)
-    steps = jnp.arange(response_length)
+    start = jnp.zeros((), jnp.int32)
     if use_cache:
         cache = lm.init_cache(batch, total)
         cache, logits, value = lm.prefill(params, context, context_mask, cache)
 
-        def cached_step(carry: tuple, step: jax.Array) -> tuple:
-            cache, logits, value, done = carry
+        def cached_step(carry: tuple) -> tuple:
+            step, done, outputs, cache, logits, value = carry
             token, log_prob, value, alive = emit(step, logits, value, done)
             # The decode after the last token is wasted work, but keeps every step the same
             # program (the cache has room for it: slot L + M - 1).
             cache, logits, next_value = lm.decode(
                 params, cache, token, context_length + step, alive
             )
-            done = done | (token == eos_id)
-            return (cache, logits, next_value, done), (token, log_prob, value, alive)
+            outputs = record(outputs, step, (token, log_prob, value, alive))
+            return step + 1, done | (token == eos_id), outputs, cache, logits, next_value
 
-        _, outputs = jax.lax.scan(cached_step, (cache, logits, value, done), steps)
+        carry = (start, done, outputs, cache, logits, value)
+        _, _, outputs, *_ = jax.lax.while_loop(answering, cached_step, carry)
     else:
         tokens = jnp.concatenate(
             [context, jnp.full((batch, response_length), pad_id, context.dtype)], axis=1
@@ -109,8 +131,8 @@ def generate(
             [context_mask, jnp.zeros((batch, response_length), jnp.int32)], axis=1
         )
 
-        def uncached_step(carry: tuple, step: jax.Array) -> tuple:
-            tokens, mask, done = carry
+        def uncached_step(carry: tuple) -> tuple:
+            step, done, outputs, tokens, mask = carry
             all_logits, all_values = lm.apply(params, tokens, mask)
             here = context_length - 1 + step  # the position that predicts token `step`
             logits = jax.lax.dynamic_index_in_dim(all_logits, here, axis=1, keepdims=False)
@@ -119,12 +141,13 @@ def generate(
             at = (0, context_length + step)
             tokens = jax.lax.dynamic_update_slice(tokens, token[:, None], at)
             mask = jax.lax.dynamic_update_slice(mask, alive.astype(jnp.int32)[:, None], at)
-            done = done | (token == eos_id)
-            return (tokens, mask, done), (token, log_prob, value, alive)
+            outputs = record(outputs, step, (token, log_prob, value, alive))
+            return step + 1, done | (token == eos_id), outputs, tokens, mask
 
-        _, outputs = jax.lax.scan(uncached_step, (tokens, mask, done), steps)
+        carry = (start, done, outputs, tokens, mask)
+        _, _, outputs, *_ = jax.lax.while_loop(answering, uncached_step, carry)
 
-    tokens, log_probs, values, alive = (x.T for x in outputs)  # scan stacks [M, B]
+    tokens, log_probs, values, alive = (x.T for x in outputs)  # written [M, B], step by step
     return Generation(
         tokens=tokens,
         log_probs=log_probs.astype(jnp.float32),
