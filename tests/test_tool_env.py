@@ -251,9 +251,9 @@ def test_only_the_policys_own_tokens_get_a_gradient():
     length = text.context_length + text.response_length
     offsets = jnp.zeros((1, length, text.vocab_size))
 
-    def apply(p, tokens, mask):  # the model's logits, plus an offset to take gradients at
-        logits, values = lm.apply(p["model"], tokens, mask)
-        return logits + p["offsets"], values
+    def apply(p, tokens, mask, read=slice(None)):  # plus an offset to take gradients at
+        logits, values = lm.apply(p["model"], tokens, mask, read)
+        return logits + p["offsets"][:, read], values
 
     score, _ = scoring_functions(apply)
     bound = {"model": params, "offsets": offsets}

@@ -81,6 +81,9 @@ class TokenPPOHyperparams:
     # Asynchronous generation (max_policy_lag > 0): the truncation of each token's weight
     # pi_start / pi_behaviour; None where the sampler is the policy being updated.
     importance_weight_cap: float | None = None
+    # The configured answer length M, which Dr. GRPO's normaliser and the overlong penalty
+    # read; None: the batch's own (its responses may be trimmed to their longest answer).
+    response_length: int | None = None
 
 
 def _stored_reference(params: Params, ref_params: Params) -> Params:
@@ -234,16 +237,19 @@ def overlong_penalty(
     return -penalty * jnp.clip(over, 0.0, 1.0)
 
 
-def aggregate(per_token: jax.Array, mask: jax.Array, how: str) -> jax.Array:
+def aggregate(
+    per_token: jax.Array, mask: jax.Array, how: str, response_length: int | None = None
+) -> jax.Array:
     """One number from per-token losses `[N, M]` over the tokens where `mask` is 1: "token"
     (their mean: DAPO), "sequence" (the mean over answers with tokens of each answer's mean:
-    GRPO) or "constant" (their sum / (N * M): Dr. GRPO, which weighs every token alike
-    whatever its answer's length)."""
+    GRPO) or "constant" (their sum / (N * response_length), M by default: Dr. GRPO, which
+    weighs every token alike whatever its answer's length)."""
     mask = mask.astype(per_token.dtype)
     if how == "token":
         return masked_mean(per_token, mask)
     if how == "constant":
-        return jnp.sum(per_token * mask) / (per_token.shape[0] * per_token.shape[1])
+        length = per_token.shape[1] if response_length is None else response_length
+        return jnp.sum(per_token * mask) / (per_token.shape[0] * length)
     lengths = mask.sum(-1)
     per_answer = (per_token * mask).sum(-1) / jnp.maximum(lengths, 1.0)
     answered = (lengths > 0).astype(per_token.dtype)
@@ -322,8 +328,8 @@ def make_token_ppo_loss(
         per_token, clipped = clipped_surrogate(ratio, advantages, clip_eps, clip_high)
         if hp.importance_weight_cap is not None:
             per_token = per_token * mb["importance_weight"]
-        policy_loss = aggregate(per_token, mask, hp.loss_aggregation)
-        entropy_mean = aggregate(entropy, mask, hp.loss_aggregation)
+        policy_loss = aggregate(per_token, mask, hp.loss_aggregation, hp.response_length)
+        entropy_mean = aggregate(entropy, mask, hp.loss_aggregation, hp.response_length)
         total = policy_loss - hp.ent_coef * entropy_mean
         metrics = {
             "loss/policy": policy_loss,
@@ -341,7 +347,7 @@ def make_token_ppo_loss(
                 if hp.kl_estimator == "k3"
                 else log_probs - mb["ref_log_prob"]
             )
-            kl = aggregate(per_token_kl, mask, hp.loss_aggregation)
+            kl = aggregate(per_token_kl, mask, hp.loss_aggregation, hp.response_length)
             total = total + hp.kl_coef * kl
             metrics["loss/kl"] = kl
         metrics["loss/total"] = total
@@ -379,8 +385,9 @@ def make_token_ppo_update(
         ref_log_prob = ref_log_prob.reshape(t, b, -1)
         received = valid = rollout["valid"].astype(jnp.float32)
         token_mask = token_mask.reshape(t, b, -1)
+        response_length = hp.response_length or token_mask.shape[-1]
         reward = rollout["reward"] + valid * overlong_penalty(
-            token_mask.sum(-1), token_mask.shape[-1], hp.overlong_buffer, hp.overlong_penalty
+            token_mask.sum(-1), response_length, hp.overlong_buffer, hp.overlong_penalty
         )
         dropped = None
         if hp.dynamic_sampling:

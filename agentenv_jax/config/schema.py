@@ -244,6 +244,10 @@ class PPOConfig:
     # importance_weight_cap (decoupled PPO with truncated importance sampling).
     max_policy_lag: int = 0  # text envs: updates env ranks may run ahead (0: synchronous)
     importance_weight_cap: float = 2.0  # text envs, max_policy_lag > 0: truncation of the weight
+    # The learner trains on each update's messages trimmed of padding: context columns that
+    # are padding in every message and answer columns after the longest answer, the lengths
+    # kept to multiples of length_bucket (each new pair of lengths compiles the update once).
+    length_bucket: int = 0  # text envs: tokens (0: train on the configured lengths)
 
     def validate(self, prefix: str) -> None:
         checks = [
@@ -252,6 +256,7 @@ class PPOConfig:
             ("overlong_penalty", self.overlong_penalty >= 0.0, "a number >= 0"),
             ("max_policy_lag", self.max_policy_lag >= 0, "an integer >= 0"),
             ("importance_weight_cap", self.importance_weight_cap >= 1.0, "a number >= 1"),
+            ("length_bucket", self.length_bucket >= 0, "an integer >= 0 (0: no trimming)"),
             ("group_size", self.group_size >= 1, "an integer >= 1"),
             ("rollout_length", self.rollout_length >= 1, "an integer >= 1"),
             ("num_epochs", self.num_epochs >= 1, "an integer >= 1"),
@@ -308,6 +313,7 @@ class PPOConfig:
             "overlong_buffer",
             "max_policy_lag",
             "importance_weight_cap",
+            "length_bucket",
         ]
         return [name for name in names if getattr(self, name) != getattr(default, name)]
 

@@ -13,6 +13,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.experimental import multihost_utils
 from jax.sharding import Mesh
 
 from agentenv_jax.algorithms.ppo import (
@@ -25,6 +26,7 @@ from agentenv_jax.envs.factory import EnvSpaces
 from agentenv_jax.learner.ahead_of_time import CompiledAhead
 from agentenv_jax.learner.guards import check_finite
 from agentenv_jax.learner.on_policy_model import num_updates, on_policy_model
+from agentenv_jax.learner.text_padding import trim_text_rollout, trimmed_lengths
 from agentenv_jax.metrics.accounting import Accounting, reconcile
 from agentenv_jax.metrics.episode_window import EpisodeWindow
 from agentenv_jax.metrics.logger import (
@@ -186,12 +188,20 @@ class Learner:
         )
         check_model_axis_divides(abstract_state.params, config.topology.model_axis)
         self._state_sharding = state_shardings(self.mesh, abstract_state)
-        # The update compiles while the parameters are initialized and the first rollout is
-        # collected; only the shapes are needed.
-        self._update = CompiledAhead(
-            jit_sharded_update(model.update, self.mesh, self._state_sharding),
-            abstract_state,
-            rollout_shapes([spec for specs in peers for spec in specs]),
+        jitted_update = jit_sharded_update(model.update, self.mesh, self._state_sharding)
+        # Text updates trimmed of padding (`algorithm.length_bucket`) take the shapes each
+        # round's messages need, compiled as they first occur; the rest have one shape, which
+        # compiles while the parameters are initialized and the first rollout is collected.
+        self._length_bucket = getattr(config.algorithm, "length_bucket", 0) if spaces.text else 0
+        self._pad_id = spaces.text.pad_id if spaces.text else 0
+        self._update = (
+            jitted_update
+            if self._length_bucket
+            else CompiledAhead(
+                jitted_update,
+                abstract_state,
+                rollout_shapes([spec for specs in peers for spec in specs]),
+            )
         )
         self._global_batch = spans_processes(self.mesh)
         self._rollout_shardings = rollout_shardings(self.mesh)
@@ -348,6 +358,15 @@ class Learner:
             self.received += int(s["valid"].sum())
             if self.text is not None:
                 self.text.receive(s)
+        trained_columns = {}
+        if self._length_bucket:
+            lengths = self._trimmed_lengths(rollout)
+            rollout = trim_text_rollout(rollout, lengths)
+            context_length, response_length = lengths
+            trained_columns = {
+                "trained_context_length": context_length,
+                "trained_response_length": response_length,
+            }
         if self._global_batch:
             rollout = {
                 name: to_global(self._rollout_shardings[name], value)
@@ -376,6 +395,7 @@ class Learner:
             "policy_lag_hist": np.bincount(lag).tolist() if lag.size else [],
             "env_faults": self.env_faults,
             **metrics,
+            **trained_columns,
             "time/learner_wait_s": wait_s,
             "time/learner_update_s": update_s,
             **self._generate_time(),
@@ -404,6 +424,17 @@ class Learner:
         computed = self.inference.compute_s
         since, self._computed_s = computed - self._computed_s, computed
         return {"time/learner_generate_s": since}
+
+    def _trimmed_lengths(self, rollout: dict[str, np.ndarray]) -> tuple[int, int]:
+        """The lengths this round's messages need; with several learner processes the longest
+        of theirs, so that every process runs the update of the same shapes."""
+        lengths = trimmed_lengths(
+            rollout["obs"], rollout["action"], self._pad_id, self._length_bucket
+        )
+        if self._global_batch:
+            everyone = multihost_utils.process_allgather(np.asarray(lengths, np.int32))
+            lengths = tuple(int(n) for n in np.asarray(everyone).reshape(-1, 2).max(axis=0))
+        return lengths
 
     def _round_summaries(self, segments: list[dict[str, np.ndarray]]) -> list[dict[str, Any]]:
         """Every env rank's segment summary this round, learner-major (with one learner: the

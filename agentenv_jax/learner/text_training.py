@@ -24,7 +24,7 @@ from agentenv_jax.networks.lora import ADAPTERS, without_adapters
 from agentenv_jax.networks.text_models import initial_language_model_params, language_model_for
 
 
-def token_ppo_hyperparams(algo: PPOConfig) -> TokenPPOHyperparams:
+def token_ppo_hyperparams(algo: PPOConfig, response_length: int) -> TokenPPOHyperparams:
     return TokenPPOHyperparams(
         num_epochs=algo.num_epochs,
         num_minibatches=algo.num_minibatches,
@@ -48,6 +48,7 @@ def token_ppo_hyperparams(algo: PPOConfig) -> TokenPPOHyperparams:
         overlong_buffer=algo.overlong_buffer,
         overlong_penalty=algo.overlong_penalty,
         importance_weight_cap=algo.importance_weight_cap if algo.max_policy_lag > 0 else None,
+        response_length=response_length,
     )
 
 
@@ -96,7 +97,11 @@ def language_model_training(
 
     finetuning = finetuning_of(lm_config)
     update = make_token_ppo_update(
-        score, optimizer, token_ppo_hyperparams(algo), constrain_rows, finetuning
+        score,
+        optimizer,
+        token_ppo_hyperparams(algo, text.response_length),
+        constrain_rows,
+        finetuning,
     )
 
     def train_state(params: Any, key: jax.Array) -> TokenTrainState:

@@ -151,7 +151,8 @@ class LanguageModel(NamedTuple):
 
     - `init(key) -> params`: numpy float32 arrays drawn on the host (`key` must be concrete).
     - `param_shapes() -> pytree of jax.ShapeDtypeStruct`, shaped like `init`'s result.
-    - `apply(params, tokens [B, S], mask [B, S]) -> (logits [B, S, V], values [B, S])`.
+    - `apply(params, tokens [B, S], mask [B, S], read=slice(None)) -> (logits [B, S', V],
+      values [B, S'])` at the positions `read` selects (all S by default).
     - `init_cache(batch, length) -> KVCache` (empty).
     - `prefill(params, tokens [B, L], mask [B, L], cache) -> (cache, logits [B, V], value [B])`.
     - `decode(params, cache, token [B], index, mask [B] | None) -> (cache, logits, value)`.
@@ -162,7 +163,7 @@ class LanguageModel(NamedTuple):
     spec: Any  # LanguageModelSpec, or a pretrained family's (`networks.llama_policy`)
     init: Callable[[jax.Array], Params]
     param_shapes: Callable[[], Any]
-    apply: Callable[[Params, jax.Array, jax.Array], tuple[jax.Array, jax.Array]]
+    apply: Callable[..., tuple[jax.Array, jax.Array]]
     init_cache: Callable[[int, int], KVCache]
     prefill: Callable[..., tuple[KVCache, jax.Array, jax.Array]]
     decode: Callable[..., tuple[KVCache, jax.Array, jax.Array]]
@@ -297,7 +298,7 @@ def decode_slots(
 
 
 def scoring_functions(
-    apply: Callable[[Params, jax.Array, jax.Array], tuple[jax.Array, jax.Array]],
+    apply: Callable[..., tuple[jax.Array, jax.Array]],
 ) -> tuple[Callable[..., TokenScores], Callable[[Params, jax.Array, int], jax.Array]]:
     """A `LanguageModel`'s `score` and `context_value`, from its `apply` (any model family)."""
 
@@ -313,22 +314,23 @@ def scoring_functions(
         token_mask = jnp.concatenate(
             [(context != pad_id).astype(jnp.int32), mask.astype(jnp.int32)], axis=1
         )
-        logits, values = apply(params, tokens, token_mask)
+        # The heads read only the positions that predict a response token.
         before = slice(context_length - 1, context_length + response_length - 1)
-        log_policy = jax.nn.log_softmax(policy_logits(logits[:, before], pad_id), axis=-1)
+        logits, values = apply(params, tokens, token_mask, before)
+        log_policy = jax.nn.log_softmax(policy_logits(logits, pad_id), axis=-1)
         log_probs = jnp.take_along_axis(log_policy, response[..., None], axis=-1)[..., 0]
         entropy = -jnp.sum(jnp.exp(log_policy) * log_policy, axis=-1)
         real = mask > 0
         return TokenScores(
             log_probs=jnp.where(real, log_probs, 0.0),
-            values=jnp.where(real, values[:, before], 0.0),
+            values=jnp.where(real, values, 0.0),
             entropy=jnp.where(real, entropy, 0.0),
             mask=mask,
         )
 
     def context_value(params: Params, context: jax.Array, pad_id: int) -> jax.Array:
         """`[B]` float32: the value of the state after `context` `[B, L]` (score's values[:, 0])."""
-        _, values = apply(params, context, context != pad_id)
+        _, values = apply(params, context, context != pad_id, slice(-1, None))
         return values[:, -1]
 
     return score, context_value
@@ -464,8 +466,11 @@ def make_language_model(spec: LanguageModelSpec) -> LanguageModel:
             is_leaf=_is_draw,
         )
 
-    def forward(params: Params, tokens: jax.Array, mask: jax.Array) -> tuple[Any, ...]:
-        """`(logits, values, {trunk: (keys, values)})` of the full causal pass."""
+    def forward(
+        params: Params, tokens: jax.Array, mask: jax.Array, read: slice = slice(None)
+    ) -> tuple[Any, ...]:
+        """`(logits, values, {trunk: (keys, values)})` of the full causal pass, the heads read
+        at the positions `read` selects."""
         _check_length(spec, tokens.shape[1], "a token sequence")
         mask = mask.astype(bool)
         length = tokens.shape[1]
@@ -475,15 +480,20 @@ def make_language_model(spec: LanguageModelSpec) -> LanguageModel:
         hidden, kv = {}, {}
         for name in spec.trunks:
             hidden[name], keys, values = _run_trunk(spec, params[name], tokens, positions, allowed)
+            hidden[name] = hidden[name][:, read]
             kv[name] = (keys, values)
         logits, values = _heads(spec, params, hidden)
         return logits, values, kv
 
-    def apply(params: Params, tokens: jax.Array, mask: jax.Array) -> tuple[jax.Array, jax.Array]:
+    def apply(
+        params: Params, tokens: jax.Array, mask: jax.Array, read: slice = slice(None)
+    ) -> tuple[jax.Array, jax.Array]:
         """Logits `[B, S, V]` and values `[B, S]` (float32) of tokens `[B, S]` int32 where `mask`
         `[B, S]` marks the real ones: a query attends to the real keys at or before it. Outputs
-        at masked positions are finite but meaningless."""
-        logits, values, _ = forward(params, tokens, mask)
+        at masked positions are finite but meaningless. `read` (a static slice) keeps only the
+        positions it selects, and the heads (the vocabulary-wide LM head above all) run on
+        those alone."""
+        logits, values, _ = forward(params, tokens, mask, read)
         return logits, values
 
     def init_cache(batch: int, length: int) -> KVCache:
@@ -502,7 +512,7 @@ def make_language_model(spec: LanguageModelSpec) -> LanguageModel:
     ) -> tuple[KVCache, jax.Array, jax.Array]:
         """Run the context `tokens` `[B, L]` (`mask` `[B, L]`) into slots `[0, L)` of `cache`:
         `(cache, logits [B, V], value [B])` at the last position, L - 1."""
-        logits, values, kv = forward(params, tokens, mask)
+        logits, values, kv = forward(params, tokens, mask, slice(-1, None))
         return prefilled(cache, kv, mask), logits[:, -1], values[:, -1]
 
     def decode(

@@ -169,7 +169,9 @@ def make_llama_policy(spec: LlamaPolicySpec) -> LanguageModel:
             is_leaf=lambda x: isinstance(x, tuple),
         )
 
-    def forward(params: Params, tokens: jax.Array, mask: jax.Array) -> tuple[Any, ...]:
+    def forward(
+        params: Params, tokens: jax.Array, mask: jax.Array, read: slice = slice(None)
+    ) -> tuple[Any, ...]:
         check_length(tokens.shape[1], "a token sequence")
         positions, allowed = positions_of(mask), causal_allowed(mask)
         hidden, kv = {}, {}
@@ -186,11 +188,14 @@ def make_llama_policy(spec: LlamaPolicySpec) -> LanguageModel:
                 adapted=adapters,
             )
             kv[name] = (keys, values)
-        logits, values = heads(params, hidden)
+        # The heads (a vocabulary-wide matmul) run only where `read` looks.
+        logits, values = heads(params, {name: h[:, read] for name, h in hidden.items()})
         return logits, values, kv
 
-    def apply(params: Params, tokens: jax.Array, mask: jax.Array) -> tuple[jax.Array, jax.Array]:
-        logits, values, _ = forward(params, tokens, mask)
+    def apply(
+        params: Params, tokens: jax.Array, mask: jax.Array, read: slice = slice(None)
+    ) -> tuple[jax.Array, jax.Array]:
+        logits, values, _ = forward(params, tokens, mask, read)
         return logits, values
 
     def init_cache(batch: int, length: int) -> KVCache:
@@ -206,7 +211,7 @@ def make_llama_policy(spec: LlamaPolicySpec) -> LanguageModel:
     def prefill(
         params: Params, tokens: jax.Array, mask: jax.Array, cache: KVCache
     ) -> tuple[KVCache, jax.Array, jax.Array]:
-        logits, values, kv = forward(params, tokens, mask)
+        logits, values, kv = forward(params, tokens, mask, slice(-1, None))
         return prefilled(cache, kv, mask), logits[:, -1], values[:, -1]
 
     def decode(
