@@ -1,0 +1,136 @@
+"""GRPO with LoRA on SmolLM2-135M-Instruct: held-out accuracy before and after training, per
+seed, in one run.
+
+Each seed trains `experiments/chain_sum_smollm2.yaml` (reasoning-gym chain_sum, sums and
+differences of two one-digit numbers, drawn from the dataset's train half) in one process,
+`agentenv train` as a user runs it, with that seed. Accuracy is measured on the dataset's
+held-out test half, the same `--episodes` problems for every side (evaluation seeds 0..N-1,
+as `agentenv eval --split test` draws them), decoded (nearly) greedily: "zero-shot" is the
+untrained model (the base under zero adapters), "trained" the run's final checkpoint
+(`agentenv_jax.evaluate(run, split="test")`). The gain is trained − zero-shot accuracy in
+points (goal: at least 15 on every seed, each run at most 30 minutes on this machine).
+"train s" is the training run's wall time, launch to exit. `--plot PNG` draws every seed's
+training accuracy per update (`agentenv plot --metric accuracy`).
+
+    python benchmarks/grpo_learning.py                       # seeds 0 and 1, ~45 min here
+    python benchmarks/grpo_learning.py --seeds 0 --set run.total_env_steps=320   # smoke run
+    python benchmarks/grpo_learning.py --plot learning.png --json out.json
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import common
+
+GOAL_POINTS = 15.0
+BUDGET_S = 30 * 60  # per training run
+OFFLINE = {"HF_HUB_OFFLINE": "1"}
+
+
+def zero_shot_accuracy(run_dir: Path, episodes: int) -> float:
+    """The untrained model's greedy accuracy on the test split's first `episodes` problems,
+    with the run's own config."""
+    from agentenv_jax.config.loading import load_config
+    from agentenv_jax.workflow.evaluation import GREEDY_TEMPERATURE
+    from agentenv_jax.workflow.text_dialogues import sample_dialogues
+
+    config = load_config(run_dir / "config.yaml")
+    kwargs = {**config.env.kwargs, "split": "test"}
+    config = dataclasses.replace(config, env=dataclasses.replace(config.env, kwargs=kwargs))
+    sample = sample_dialogues(
+        config, None, num_episodes=episodes, seed=0, temperature=GREEDY_TEMPERATURE
+    )
+    return float(sample.accuracy)
+
+
+def trained_accuracy(run_dir: Path, episodes: int) -> float:
+    from agentenv_jax import evaluate
+
+    return float(evaluate(run_dir, episodes=episodes, split="test").dialogues.accuracy)
+
+
+def main() -> None:
+    parser = common.make_parser(
+        __doc__,
+        config=common.EXPERIMENTS / "chain_sum_smollm2.yaml",
+        seeds=[0, 1],
+        run_timeout=2 * BUDGET_S,
+        keep_runs=True,
+        overrides=True,
+    )
+    parser.add_argument("--episodes", type=int, default=256, help="held-out problems")
+    parser.add_argument("--plot", type=Path, help="write the training accuracy curves here")
+    args = parser.parse_args()
+    os.environ.update(OFFLINE)
+    print(
+        f"{args.config.name}: GRPO held-out accuracy, seeds {args.seeds}, "
+        f"{args.episodes} test problems, overrides {args.set or 'none'}"
+    )
+    print(common.provenance(), flush=True)
+    runs: list[dict[str, Any]] = []
+    with common.runs_folder(args.keep_runs, "agentenv_grpo_learning_") as root:
+        zero_shot = None
+        for seed in args.seeds:
+            name = f"seed{seed}"
+            settings = [*args.set, *common.run_settings(root, name, seed=seed)]
+            _, train_s = common.run_job(
+                common.train_command(args.config, settings), name, args.timeout, OFFLINE
+            )
+            run_dir = root / name
+            if zero_shot is None:  # the same untrained model and problems for every seed
+                zero_shot = zero_shot_accuracy(run_dir, args.episodes)
+            trained = trained_accuracy(run_dir, args.episodes)
+            updates = len(common.read_jsonl(run_dir / "metrics.jsonl"))
+            runs.append(
+                {
+                    "seed": seed,
+                    "updates": updates,
+                    "train_s": train_s,
+                    "zero_shot": zero_shot,
+                    "trained": trained,
+                    "gain_points": 100 * (trained - zero_shot),
+                }
+            )
+            print(f"  {name}: {updates} updates in {train_s:.0f} s", flush=True)
+        if args.plot is not None:
+            command = [sys.executable, "-m", "agentenv_jax.workflow.cli", "plot"]
+            command += [str(root / f"seed{seed}") for seed in args.seeds]
+            command += ["--metric", "accuracy", "-o", str(args.plot)]
+            subprocess.run(command, check=True)
+            print(f"wrote {args.plot}")
+    print()
+    common.print_header(
+        f"{'seed':>4} | {'updates':>7} | {'train s':>7} | {'zero-shot':>9} | {'trained':>7} | "
+        f"{'gain (points)':>13}"
+    )
+    for run in runs:
+        within = run["gain_points"] >= GOAL_POINTS and run["train_s"] <= BUDGET_S
+        print(
+            f"{run['seed']:>4} | {run['updates']:>7} | {run['train_s']:7.0f} | "
+            f"{run['zero_shot']:9.3f} | {run['trained']:7.3f} | {run['gain_points']:9.1f} "
+            f"{'ok' if within else 'MISS'}"
+        )
+    print(
+        f"goal: held-out accuracy +{GOAL_POINTS:.0f} points on every seed, "
+        f"each run <= {BUDGET_S // 60} min"
+    )
+    common.save_json(
+        args.json,
+        {
+            "args": {k: str(v) for k, v in vars(args).items()},
+            "provenance": common.provenance(),
+            "runs": runs,
+            "finished_at": time.strftime("%Y-%m-%d %H:%M:%S"),
+        },
+    )
+
+
+if __name__ == "__main__":
+    main()
