@@ -184,6 +184,29 @@ def test_generation_stops_once_every_row_has_answered() -> None:
     np.testing.assert_array_equal(np.asarray(free.log_probs)[:, longest:], 0.0)
 
 
+@pytest.mark.parametrize("raw", [False, True], ids=["typed_keys", "raw_keys"])
+def test_a_key_per_row_draws_what_each_row_alone_would(raw: bool) -> None:
+    """Env ranks and the central server key each env's answer by the env, not by the batch it
+    is answered in: one batched generation with a key per row gives every row the answer it
+    would get alone."""
+    lm = make_language_model(language_model_spec("tiny", VOCAB))
+    params = sharpened(lm, seed=11)
+    context = jnp.asarray(padded_contexts())
+    keys = (
+        jax.random.split(jax.random.PRNGKey(9), 4)
+        if raw
+        else jax.random.split(jax.random.key(9), 4)
+    )
+    settings = dict(response_length=RESPONSE_LENGTH, pad_id=PAD, eos_id=EOS)
+    batched = generate_jit(lm, params, context, keys, **settings)
+    assert len({tuple(row) for row in np.asarray(batched.tokens)}) == 4
+    for row in range(4):
+        alone = generate_jit(lm, params, context[row : row + 1], keys[row], **settings)
+        np.testing.assert_array_equal(batched.tokens[row], alone.tokens[0])
+        np.testing.assert_allclose(batched.log_probs[row], alone.log_probs[0], atol=1e-5)
+        np.testing.assert_allclose(batched.values[row], alone.values[0], atol=1e-5)
+
+
 def test_response_mask_ends_after_the_first_eos() -> None:
     response = jnp.array([[5, EOS, PAD, PAD], [EOS, 3, EOS, PAD], [1, 2, 3, 4]])
     expected = [[1, 1, 0, 0], [1, 0, 0, 0], [1, 1, 1, 1]]

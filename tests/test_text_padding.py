@@ -1,6 +1,7 @@
-"""Trimming an update's text messages of padding (`algorithm.length_bucket`): the lengths by
-hand, and the token-level PPO update on trimmed messages equal to the update on the whole ones,
-for a from-scratch transformer and a Llama-family (Qwen2-shaped) policy."""
+"""Trimming text envs' token arrays of padding (`algorithm.length_bucket`): the lengths by
+hand, generation from trimmed contexts equal to generation from whole ones, and the token-level
+PPO update on trimmed messages equal to the update on the whole ones, for a from-scratch
+transformer and a Llama-family (Qwen2-shaped) policy."""
 
 from __future__ import annotations
 
@@ -10,10 +11,17 @@ import numpy as np
 import optax
 import pytest
 
+from agentenv_jax.actor.text_policy import TextPolicy
 from agentenv_jax.algorithms.token_ppo import TokenTrainState, make_token_ppo_update
 from agentenv_jax.config.schema import PPOConfig
-from agentenv_jax.learner.text_padding import trim_text_rollout, trimmed_lengths
+from agentenv_jax.envs.spaces import TextSpec
+from agentenv_jax.envs.text.padding import (
+    context_length_needed,
+    trim_text_rollout,
+    trimmed_lengths,
+)
 from agentenv_jax.learner.text_training import token_ppo_hyperparams
+from agentenv_jax.networks.flat_params import FlatLayout
 from agentenv_jax.networks.language_model import language_model_spec, make_language_model
 from agentenv_jax.networks.llama import spec_from_config
 from agentenv_jax.networks.llama_policy import LlamaPolicySpec, make_llama_policy
@@ -105,6 +113,27 @@ def _rollout(lm, params) -> dict:
         "bootstrap_value": np.zeros((T, B), np.float32),
         "last_value": np.zeros((B,), np.float32),
     }
+
+
+@pytest.mark.slow  # four compiles of generation: ~15 s
+@pytest.mark.parametrize("model", [_from_scratch, _qwen2], ids=["from_scratch", "qwen2"])
+def test_a_policy_generates_from_trimmed_contexts_what_it_does_from_whole_ones(model):
+    lm, params = model()
+    text = TextSpec(VOCAB, CONTEXT, RESPONSE, PAD, BOS, EOS)
+    layout = FlatLayout(lm.param_shapes())
+    flat = np.asarray(layout.ravel(params))
+    obs = _rollout(lm, params)["obs"][0]  # 4 contexts of 3 to 6 tokens in 12
+    assert context_length_needed(obs, PAD, 4) == 8
+    answers = []
+    for bucket in (0, 4):
+        policy = TextPolicy(lm, layout.unravel, text, 3, 0, B, length_bucket=bucket)
+        policy.set_params(flat)
+        answers.append(policy.act(obs))
+    (tokens, log_probs, values), (cut_tokens, cut_log_probs, cut_values) = answers
+    np.testing.assert_array_equal(cut_tokens, tokens)
+    np.testing.assert_allclose(cut_log_probs, log_probs, atol=1e-5)
+    np.testing.assert_allclose(cut_values, values, atol=1e-5)
+    assert (tokens != PAD).sum() > B  # answers of more than one token
 
 
 LOSSES = {

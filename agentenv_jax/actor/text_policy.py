@@ -17,6 +17,7 @@ import numpy as np
 
 from agentenv_jax.actor.policy import flat_params_on
 from agentenv_jax.envs.spaces import TextSpec
+from agentenv_jax.envs.text.padding import context_length_needed
 from agentenv_jax.networks.language_model import LanguageModel
 from agentenv_jax.networks.text_models import text_generate
 
@@ -39,22 +40,24 @@ class TextPolicy:
         env_offset: int,
         num_envs: int,
         device: jax.Device | None = None,
+        length_bucket: int = 0,
     ):
         self._device = device or jax.devices("cpu")[0]
         self._params: jax.Array | None = None
         self._own_noise = self.noise_source(env_offset, num_envs)
+        # Contexts cut of their all-padding columns (each new length compiles `act` once).
+        self._length_bucket, self._pad_id = length_bucket, text.pad_id
         base = jax.random.PRNGKey(seed)
         generate_text = text_generate(lm, text)
 
         def act(flat_params, context, rows):
-            params = unravel(flat_params)
-
-            def one(row_context, row):
-                key = jax.random.fold_in(jax.random.fold_in(base, row[0]), row[1])
-                out = generate_text(params, row_context[None], key)
-                return out.tokens[0], out.log_probs[0], out.values[0]
-
-            return jax.vmap(one)(context, rows)
+            # One batched generation with a key per row (not a vmap of one-row generations,
+            # whose loop counters would be batched too, making every cache write a scatter).
+            keys = jax.vmap(
+                lambda row: jax.random.fold_in(jax.random.fold_in(base, row[0]), row[1])
+            )(rows)
+            out = generate_text(unravel(flat_params), context, keys)
+            return out.tokens, out.log_probs, out.values
 
         def value(flat_params, context):
             return lm.context_value(unravel(flat_params), context, text.pad_id)
@@ -86,6 +89,10 @@ class TextPolicy:
     def act_with(
         self, obs: np.ndarray, noise: np.ndarray
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        if self._length_bucket:  # generate from the columns the contexts use
+            obs = obs[
+                ..., obs.shape[-1] - context_length_needed(obs, self._pad_id, self._length_bucket) :
+            ]
         tokens, log_probs, values = jax.device_get(
             self._act(self._params, jnp.asarray(obs, jnp.int32), noise)
         )

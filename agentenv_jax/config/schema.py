@@ -244,10 +244,11 @@ class PPOConfig:
     # importance_weight_cap (decoupled PPO with truncated importance sampling).
     max_policy_lag: int = 0  # text envs: updates env ranks may run ahead (0: synchronous)
     importance_weight_cap: float = 2.0  # text envs, max_policy_lag > 0: truncation of the weight
-    # The learner trains on each update's messages trimmed of padding: context columns that
-    # are padding in every message and answer columns after the longest answer, the lengths
-    # kept to multiples of length_bucket (each new pair of lengths compiles the update once).
-    length_bucket: int = 0  # text envs: tokens (0: train on the configured lengths)
+    # Generation and training on the tokens, not the padding: context columns that are
+    # padding in every message of a batch (and, in training, answer columns after its longest
+    # answer) are cut, the lengths kept to multiples of length_bucket (each new length
+    # compiles generation or the update once).
+    length_bucket: int = 0  # text envs: tokens (0: the configured lengths)
 
     def validate(self, prefix: str) -> None:
         checks = [

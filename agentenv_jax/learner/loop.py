@@ -23,10 +23,10 @@ from agentenv_jax.buffers.segment_queue import ACTOR_TIMERS, segment_counts
 from agentenv_jax.config.schema import ExperimentConfig
 from agentenv_jax.envs import normalization as norm
 from agentenv_jax.envs.factory import EnvSpaces
+from agentenv_jax.envs.text.padding import trim_text_rollout, trimmed_lengths
 from agentenv_jax.learner.ahead_of_time import CompiledAhead
 from agentenv_jax.learner.guards import check_finite
 from agentenv_jax.learner.on_policy_model import num_updates, on_policy_model
-from agentenv_jax.learner.text_padding import trim_text_rollout, trimmed_lengths
 from agentenv_jax.metrics.accounting import Accounting, reconcile
 from agentenv_jax.metrics.episode_window import EpisodeWindow
 from agentenv_jax.metrics.logger import (

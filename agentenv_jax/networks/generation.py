@@ -50,7 +50,10 @@ def generate(
     with `pad_id`).
 
     Token i is drawn from `softmax(logits / temperature)` with key `fold_in(key, i)`, on both
-    paths, so for a fixed key the cached and uncached paths give the same tokens. `log_probs` are
+    paths, so for a fixed key the cached and uncached paths give the same tokens. `key` is one
+    key for the batch, or one per row (`[B]` typed keys, `[B, 2]` raw ones): then row b draws
+    the noise that generating it alone with `key[b]` would, whatever rows share its batch, and
+    the batch is still one computation. `log_probs` are
     always those of the policy itself (temperature 1), as `score` computes them: at temperature 1
     they are the behaviour log-probs PPO needs; at any other temperature the samples come from a
     different distribution than the one the log-probs describe, so PPO's importance ratios are no
@@ -66,13 +69,23 @@ def generate(
     Jit with `lm`, `response_length`, `pad_id`, `eos_id` and `use_cache` static.
     """
     batch, context_length = context.shape
+    # A key per row: `[B]` typed keys or `[B, 2]` raw ones (`jax.random.PRNGKey`).
+    typed = jnp.issubdtype(key.dtype, jax.dtypes.prng_key)
+    per_row_keys = key.ndim == (1 if typed else 2)
     total = context_length + response_length
     context_mask = (context != pad_id).astype(jnp.int32)
 
     def emit(step: jax.Array, logits: jax.Array, value: jax.Array, done: jax.Array) -> tuple:
         """Sample token `step` from `logits` `[B, V]`: `(token, log_prob, value, alive)`."""
         logits = policy_logits(logits, pad_id)
-        sampled = sample_categorical(jax.random.fold_in(key, step), logits / temperature)
+        if per_row_keys:  # each row's draw as generating that row alone would make it
+            sampled = jax.vmap(
+                lambda row_key, row: sample_categorical(
+                    jax.random.fold_in(row_key, step), row[None]
+                )[0]
+            )(key, logits / temperature)
+        else:
+            sampled = sample_categorical(jax.random.fold_in(key, step), logits / temperature)
         log_prob = jnp.take_along_axis(
             jax.nn.log_softmax(logits, axis=-1), sampled[:, None], axis=-1
         )[:, 0]

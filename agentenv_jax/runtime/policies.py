@@ -68,6 +68,7 @@ def build_actor_policy(config, topology, spaces, network=None):
             config.run.seed,
             topology.env_offsets[index],
             topology.local_num_envs[index],
+            length_bucket=getattr(config.algorithm, "length_bucket", 0),
         )
     # Sampling noise is seeded by (seed, global env offset): independent across env ranks.
     seed_sequence = [config.run.seed, topology.env_offsets[index]]
@@ -113,7 +114,16 @@ def build_central_policy(config, spaces, network, device):
 
     module, _, layout = network
     if spaces.text is not None:
-        return TextPolicy(module, layout.unravel, spaces.text, config.run.seed, 0, 0, device)
+        return TextPolicy(
+            module,
+            layout.unravel,
+            spaces.text,
+            config.run.seed,
+            0,
+            0,
+            device,
+            length_bucket=getattr(config.algorithm, "length_bucket", 0),
+        )
     # No stream of its own: every row's noise is its env rank's stream.
     return jitted_policy(spaces, network, None, device)
 

@@ -1,7 +1,8 @@
-"""Trimming an update's text messages of padding (`algorithm.length_bucket`): contexts are
+"""Trimming text envs' token arrays of padding (`algorithm.length_bucket`): contexts are
 left-padded and answers right-padded to the configured lengths, and a batch of short prompts
-and short answers (a 43-token chat prompt in 64, a 3-token answer in 16) would otherwise train
-mostly on padding."""
+and short answers (a 43-token chat prompt in 64, a 3-token answer in 16) would otherwise be
+generated from and trained on mostly padding. The columns cut are padding in every row, which
+no output depends on (positions count from a row's first token)."""
 
 from __future__ import annotations
 
@@ -15,16 +16,24 @@ def trimmed_lengths(
     `action` `[..., M]` right-padded with `pad_id`): the columns from the first that holds a
     token in any message, and up to the last that does, each rounded up to a multiple of
     `bucket` (at least one bucket) and at most L or M."""
-    context_length, response_length = obs.shape[-1], action.shape[-1]
-    used_context = np.flatnonzero((obs != pad_id).reshape(-1, context_length).any(axis=0))
+    response_length = action.shape[-1]
     used_response = np.flatnonzero((action != pad_id).reshape(-1, response_length).any(axis=0))
-    need_context = context_length - used_context[0] if used_context.size else 0
     need_response = used_response[-1] + 1 if used_response.size else 0
+    return context_length_needed(obs, pad_id, bucket), _bucketed(
+        need_response, response_length, bucket
+    )
 
-    def bucketed(need: int, limit: int) -> int:
-        return int(min(limit, max(1, -(-need // bucket)) * bucket))
 
-    return bucketed(need_context, context_length), bucketed(need_response, response_length)
+def context_length_needed(obs: np.ndarray, pad_id: int, bucket: int) -> int:
+    """The columns of left-padded contexts `obs` `[..., L]` from the first that holds a token in
+    any row, rounded up to a multiple of `bucket` (at least one bucket, at most L)."""
+    context_length = obs.shape[-1]
+    used = np.flatnonzero((obs != pad_id).reshape(-1, context_length).any(axis=0))
+    return _bucketed(context_length - used[0] if used.size else 0, context_length, bucket)
+
+
+def _bucketed(need: int, limit: int, bucket: int) -> int:
+    return int(min(limit, max(1, -(-need // bucket)) * bucket))
 
 
 def trim_text_rollout(rollout: dict[str, np.ndarray], lengths: tuple[int, int]) -> dict:
