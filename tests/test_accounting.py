@@ -34,7 +34,20 @@ def test_sessions_of_a_resumed_run_add_up_and_a_checkpoint_carries_what_was_trai
         "trained": 2304,
         "unsent": 80,
         "late": 128,
+        "discarded": 0,
     }
+
+
+def test_rows_a_refilled_update_left_out_are_discarded_and_carried_across_a_resume():
+    # 1200 stepped and sent; 1024 trained on, 160 left out of refilled updates, 16 late.
+    refilled = Accounting(
+        produced=1200, sent=1200, received=1200, trained=1024, late=16, discarded=160
+    )
+    assert refilled.reconciles
+    assert not dataclasses.replace(refilled, discarded=0).reconciles
+    so_far = Accounting.trained_so_far(1024, discarded=160)
+    assert so_far.reconciles and so_far.discarded == 160 and so_far.received == 1184
+    assert (so_far + refilled).reconciles
 
 
 def _replay_report(**changes: int) -> dict[str, int]:

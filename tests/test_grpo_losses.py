@@ -29,6 +29,7 @@ from agentenv_jax.algorithms.token_ppo import (
     sequence_log_ratio,
     truncated_importance_weight,
 )
+from agentenv_jax.learner.group_refill import informative_mask, refilled_rollout
 
 # Two prompts (rows) of groups of 4 answers over 8 envs: [T=2, B=8].
 REWARD = np.array(
@@ -329,6 +330,80 @@ def test_dynamic_sampling_leaves_out_exactly_the_alike_groups():
     # ...while their rows and tokens still count as trained on, for the run's accounting.
     assert int(metrics["trained_rows"]) == int(VALID.sum())
     assert int(metrics["trained_tokens"]) > int(want_metrics["trained_tokens"])
+
+
+# The groups of `_rollout(VALID)`, (t, group) in order: 1 0 0 1 | 1 1 1 1 | .5 0 _ 1 | 0 0 0 _.
+INFORMATIVE = np.array([[True, False], [True, False]])
+
+
+def test_the_learner_judges_groups_by_the_updates_own_criterion():
+    hp = hyperparams(group_size=G, dynamic_sampling=True)
+    rollout = _rollout(VALID)
+    np.testing.assert_array_equal(informative_mask(rollout, 0, hp), INFORMATIVE)
+    # Alike rewards, answers of 1, 2 and 3 tokens (EOS 0 included): with overlong shaping
+    # (the last 2 of 3 tokens penalised) their shaped rewards differ, and the group teaches.
+    alike = rollout | {"reward": np.ones_like(REWARD)}
+    alike["action"] = np.zeros_like(rollout["action"])
+    alike["action"][0, :G] = [[0, 0, 0], [5, 0, 0], [5, 5, 0], [5, 5, 5]]
+    assert not informative_mask(alike, 0, hp).any()
+    shaped = hyperparams(group_size=G, dynamic_sampling=True, overlong_buffer=2)
+    want = np.array([[True, False], [False, False]])
+    np.testing.assert_array_equal(informative_mask(alike, 0, shaped), want)
+    # A group with no valid answer teaches nothing either.
+    empty = rollout | {"valid": np.zeros_like(VALID)}
+    assert not informative_mask(empty, 0, hp).any()
+
+
+def test_refill_puts_later_rounds_informative_groups_in_place_of_alike_ones():
+    hp = hyperparams(group_size=G, dynamic_sampling=True)
+    first = _rollout(VALID)
+    second = _rollout(VALID[::-1].copy()) | {
+        "reward": REWARD[::-1].copy(),
+        "obs": np.full((2, 8, 2), 2),
+        "last_value": np.full(8, 2.0, np.float32),
+    }
+    # The second round's groups: .5 0 _ 1 | 0 0 0 _ | 1 0 0 1 | 1 1 1 1.
+    informative = [informative_mask(r, 0, hp) for r in (first, second)]
+    np.testing.assert_array_equal(informative[1], INFORMATIVE)
+    rollout, left = refilled_rollout(
+        [first, second], informative, G, per_env_fields=("last_value",)
+    )
+    # Slots in order: round 1's two informative groups, then round 2's.
+    groups = lambda x: x.reshape(4, G, *x.shape[2:])  # noqa: E731
+    for name in ("reward", "valid", "action", "log_prob"):
+        want = np.concatenate([groups(first[name])[[0, 2]], groups(second[name])[[0, 2]]])
+        np.testing.assert_array_equal(groups(rollout[name]), want, err_msg=name)
+    np.testing.assert_array_equal(groups(rollout["obs"])[:, 0, 0], [1, 1, 2, 2])
+    np.testing.assert_array_equal(rollout["last_value"], second["last_value"])
+    assert {name: v.shape for name, v in rollout.items()} == {
+        name: v.shape for name, v in first.items()
+    }
+    # Left out: the alike groups of both rounds.
+    want_left = np.repeat(~INFORMATIVE, G, axis=1)
+    np.testing.assert_array_equal(left[0], want_left)
+    np.testing.assert_array_equal(left[1], want_left)
+    # The update finds nothing to drop, and trains on every row it was given.
+    update, optimizer = _update_of(dynamic_sampling=True, loss_aggregation="token")
+    _, metrics = update(_state(optimizer), rollout)
+    assert float(metrics["groups_dropped"]) == 0
+    assert int(metrics["trained_rows"]) == int(rollout["valid"].sum())
+
+
+def test_refill_short_of_informative_groups_fills_up_with_alike_ones_the_update_drops():
+    first = _rollout(VALID)
+    second = first | {"obs": np.full((2, 8, 2), 2)}
+    none = np.zeros((2, 2), bool)
+    rollout, left = refilled_rollout(
+        [first, second], [INFORMATIVE, none], G, per_env_fields=("last_value",)
+    )
+    groups = lambda x: x.reshape(4, G, *x.shape[2:])  # noqa: E731
+    # Round 1's informative groups, then its alike ones: round 2 is left out whole.
+    np.testing.assert_array_equal(groups(rollout["reward"]), groups(first["reward"])[[0, 2, 1, 3]])
+    np.testing.assert_array_equal(groups(rollout["obs"])[:, 0, 0], [1, 1, 1, 1])
+    assert not left[0].any() and left[1].all()
+    update, optimizer = _update_of(dynamic_sampling=True, loss_aggregation="token")
+    _, metrics = update(_state(optimizer), rollout)
+    assert float(metrics["groups_dropped"]) == 2
 
 
 # -- asynchronous samples in the update -------------------------------------------------------

@@ -309,6 +309,54 @@ def test_the_group_baseline_lifts_accuracy_above_random_answers(run_dir):
     assert np.mean(accuracy[-20:]) >= 0.15, accuracy[::10]
 
 
+@pytest.mark.slow
+def test_mpiexec_dynamic_sampling_refills_alike_groups_from_more_rounds(run_dir):
+    """GRPO with dynamic sampling and up to 2 refill rounds per update, 1 learner and 2 env
+    ranks, from the untrained model (0.004 of its answers right: most groups of 8 score 0
+    alike). Each update fills its 32 group slots with every informative group the rounds
+    brought, and what is left over is discarded, counted, and reconciled."""
+    updates, answers, slots = 10, 256, 32
+    run = _mpiexec_train(
+        run_dir,
+        "arithmetic_ppo",
+        "refill",
+        f"run.total_env_steps={updates * answers}",
+        "algorithm.advantage=group",
+        "algorithm.group_size=8",
+        "algorithm.dynamic_sampling=true",
+        "algorithm.refill_rounds=2",
+    )
+    records = _metrics(run)
+    assert len(records) == updates
+    for record in records:
+        rounds = record["refill_rounds"]
+        assert 0 <= rounds <= 2, record
+        # Fewer rounds than allowed only once the slots were full.
+        assert rounds == 2 or record["groups_informative"] >= slots, record
+        # The update drops exactly the slots left without an informative group...
+        assert record["groups_dropped"] == max(0, slots - record["groups_informative"]), record
+        # ...and every row of the other rounds was discarded (all rows are valid here).
+        assert record["rows_discarded"] == rounds * answers, record
+        # The extra rounds ran under the update's own parameters.
+        assert record["policy_lag_max"] == 0, record
+    assert sum(record["refill_rounds"] for record in records) > 0
+    assert sum(record["groups_informative"] for record in records) > 0
+    summary = _summary(run)
+    assert summary["updates"] == updates
+    discarded = sum(record["rows_discarded"] for record in records)
+    for name in ("accounting", "token_accounting", "episode_accounting"):
+        accounting = summary[name]
+        assert accounting["reconciles"], (name, accounting)
+        assert accounting["discarded"] > 0 and accounting["unsent"] == 0, (name, accounting)
+    accounting = summary["accounting"]
+    assert accounting["trained"] == updates * answers
+    assert accounting["discarded"] == discarded
+    assert (
+        accounting["produced"]
+        == accounting["trained"] + accounting["discarded"] + accounting["late"]
+    )
+
+
 # GRPO with LoRA on SmolLM2-135M-Instruct (`experiments/arithmetic_smollm2.yaml`, one process,
 # seed 0): the mean reward of each update's 32 answers (1 for the right last number, 0.1 for
 # another number, 0 without one) over its first 5 updates and its last 5, which sample noise

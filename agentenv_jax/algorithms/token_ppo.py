@@ -237,6 +237,39 @@ def overlong_penalty(
     return -penalty * jnp.clip(over, 0.0, 1.0)
 
 
+def shaped_reward(
+    reward: jax.Array,
+    valid: jax.Array,
+    lengths: jax.Array,
+    response_length: int,
+    hp: TokenPPOHyperparams,
+) -> jax.Array:
+    """`[T, B]`: each answer's reward with its overlong penalty (`lengths`: its tokens, EOS
+    included, of at most `response_length`), what group advantages and dynamic sampling see."""
+    response_length = hp.response_length or response_length
+    return reward + valid * overlong_penalty(
+        lengths, response_length, hp.overlong_buffer, hp.overlong_penalty
+    )
+
+
+def informative_groups(
+    reward: jax.Array,
+    valid: jax.Array,
+    lengths: jax.Array,
+    response_length: int,
+    hp: TokenPPOHyperparams,
+) -> jax.Array:
+    """`[T, B // group_size]` bool: the groups of `[T, B]` answers (of `lengths` tokens, EOS
+    included, out of `response_length`) that the update trains on under dynamic sampling: some
+    valid answers, not all with the same shaped reward."""
+    t = reward.shape[0]
+    valid = valid.astype(jnp.float32)
+    shaped = shaped_reward(reward, valid, lengths, response_length, hp)
+    alike = alike_groups(shaped, valid, hp.group_size)
+    some_valid = valid.reshape(t, -1, hp.group_size).max(-1) > 0
+    return some_valid & ~alike.reshape(t, -1, hp.group_size)[..., 0]
+
+
 def aggregate(
     per_token: jax.Array, mask: jax.Array, how: str, response_length: int | None = None
 ) -> jax.Array:
@@ -385,9 +418,8 @@ def make_token_ppo_update(
         ref_log_prob = ref_log_prob.reshape(t, b, -1)
         received = valid = rollout["valid"].astype(jnp.float32)
         token_mask = token_mask.reshape(t, b, -1)
-        response_length = hp.response_length or token_mask.shape[-1]
-        reward = rollout["reward"] + valid * overlong_penalty(
-            token_mask.sum(-1), response_length, hp.overlong_buffer, hp.overlong_penalty
+        reward = shaped_reward(
+            rollout["reward"], valid, token_mask.sum(-1), token_mask.shape[-1], hp
         )
         dropped = None
         if hp.dynamic_sampling:

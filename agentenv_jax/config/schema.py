@@ -233,7 +233,11 @@ class PPOConfig:
     clip_eps_high: float | None = None  # text envs: upper ratio clip (clip-higher; None: clip_eps)
     importance_ratio: ImportanceRatio = "token"  # text envs: per token, or per answer (GSPO)
     # Groups whose answers all scored alike teach nothing: drop them from the loss (counted).
+    # With refill_rounds > 0 the learner takes up to that many more rounds of generation per
+    # update, under the same parameters, and replaces the dropped groups with informative
+    # ones from them (DAPO); what is left over is discarded, and counted.
     dynamic_sampling: bool = False  # group/rloo: leave out groups of equal rewards
+    refill_rounds: int = 0  # dynamic_sampling: extra rounds per update to refill (0: drop)
     # DAPO's soft overlong punishment: answers in the last overlong_buffer tokens of the
     # response length lose up to overlong_penalty, linearly in how far into it they run.
     overlong_buffer: int = 0  # text envs: tokens before the response length (0: off)
@@ -258,6 +262,7 @@ class PPOConfig:
             ("max_policy_lag", self.max_policy_lag >= 0, "an integer >= 0"),
             ("importance_weight_cap", self.importance_weight_cap >= 1.0, "a number >= 1"),
             ("length_bucket", self.length_bucket >= 0, "an integer >= 0 (0: no trimming)"),
+            ("refill_rounds", self.refill_rounds >= 0, "an integer >= 0 (0: no refill)"),
             ("group_size", self.group_size >= 1, "an integer >= 1"),
             ("rollout_length", self.rollout_length >= 1, "an integer >= 1"),
             ("num_epochs", self.num_epochs >= 1, "an integer >= 1"),
@@ -297,6 +302,12 @@ class PPOConfig:
             self.dynamic_sampling,
             f"false unless {prefix}.advantage is group or rloo (it drops groups of answers)",
         )
+        _require(
+            not self.refill_rounds or self.dynamic_sampling,
+            f"{prefix}.refill_rounds",
+            self.refill_rounds,
+            f"0 unless {prefix}.dynamic_sampling is true (it refills the groups it drops)",
+        )
 
     def text_settings(self) -> list[str]:
         """The settings only token-level PPO reads that differ from their defaults."""
@@ -311,6 +322,7 @@ class PPOConfig:
             "clip_eps_high",
             "importance_ratio",
             "dynamic_sampling",
+            "refill_rounds",
             "overlong_buffer",
             "max_policy_lag",
             "importance_weight_cap",

@@ -25,8 +25,10 @@ from agentenv_jax.envs import normalization as norm
 from agentenv_jax.envs.factory import EnvSpaces
 from agentenv_jax.envs.text.padding import trim_text_rollout, trimmed_lengths
 from agentenv_jax.learner.ahead_of_time import CompiledAhead
+from agentenv_jax.learner.group_refill import informative_mask, refilled_rollout
 from agentenv_jax.learner.guards import check_finite
 from agentenv_jax.learner.on_policy_model import num_updates, on_policy_model
+from agentenv_jax.learner.text_training import token_ppo_hyperparams
 from agentenv_jax.metrics.accounting import Accounting, reconcile
 from agentenv_jax.metrics.episode_window import EpisodeWindow
 from agentenv_jax.metrics.logger import (
@@ -194,6 +196,13 @@ class Learner:
         # compiles while the parameters are initialized and the first rollout is collected.
         self._length_bucket = getattr(config.algorithm, "length_bucket", 0) if spaces.text else 0
         self._pad_id = spaces.text.pad_id if spaces.text else 0
+        refill_rounds = getattr(config.algorithm, "refill_rounds", 0) if spaces.text else 0
+        self._eos_id = spaces.text.eos_id if spaces.text else 0
+        self._refill = (
+            token_ppo_hyperparams(config.algorithm, spaces.text.response_length)
+            if refill_rounds
+            else None
+        )
         self._update = (
             jitted_update
             if self._length_bucket
@@ -222,6 +231,8 @@ class Learner:
         self.received = 0  # this session's rows, counted as segments arrive
         self.trained = 0  # this session's rows, counted by the update
         self.updates = 0
+        self.rounds = 0  # rounds of segments taken (with refill_rounds, several per update)
+        self.discarded = 0  # this session's rows left out of refilled updates
         self.done = False
         self.accounting: Accounting | None = None
         self.env_rank_cpu_share: list[float] | None = None  # per env rank, at the end
@@ -264,7 +275,9 @@ class Learner:
 
     @property
     def version(self) -> int:
-        return self.updates
+        """The parameters' version env ranks see: the rounds taken so far (one per update,
+        unless dynamic sampling refills)."""
+        return self.rounds
 
     @property
     def episode_return_mean(self) -> float:
@@ -280,9 +293,12 @@ class Learner:
 
     def checkpoint_meta(self) -> dict[str, Any]:
         """Everything besides `state` a resumed run needs to continue where this one is."""
-        so_far = self.accounting or self._before + Accounting.trained_so_far(self.trained)
+        so_far = self.accounting or self._before + Accounting.trained_so_far(
+            self.trained, self.discarded
+        )
         return {
             "updates": self.updates,
+            "rounds": self.rounds,
             "trained": self.env_steps,
             "accounting": so_far.counts(),
             "episodes": self.episodes,
@@ -296,6 +312,7 @@ class Learner:
         """Continue from a checkpoint: the state and the counters go on from where they were."""
         self.state = jax.device_put(state, self._state_sharding)
         self.updates, self.episodes = int(meta["updates"]), int(meta["episodes"])
+        self.rounds = int(meta.get("rounds", self.updates))
         self._before = (
             Accounting(**meta["accounting"])
             if "accounting" in meta
@@ -333,31 +350,54 @@ class Learner:
         self._channel.broadcast_params(self._param_message)
 
     def run_once(self) -> dict[str, Any]:
-        """One synchronous round: receive, update, broadcast (unless the run is over)."""
-        tick = time.perf_counter()
-        serve = None
-        if self.inference is not None:
-            # A serving thread answers by itself: waiting, the learner only checks on it.
-            serve = self.inference.check if self.inference.threaded else self.inference.serve
-        buffers = self._channel.receive_round(self.config.run.transport_timeout_s, serve=serve)
-        wait_s = time.perf_counter() - tick
-        segments = [spec.views(buf) for spec, buf in zip(self._segment_specs, buffers, strict=True)]
-        rollout = {
-            name: np.concatenate([s[name] for s in segments], axis=1) for name in ROLLOUT_FIELDS
-        }
-        for name in ROLLOUT_LAST_FIELDS:
-            rollout[name] = np.concatenate([s[name] for s in segments])
-        summaries = self._round_summaries(segments)
-        versions = np.concatenate([s["policy_version"] for s in summaries], axis=1)
-        actor_seconds = np.mean([s["actor_seconds"] for s in summaries], axis=0)
-        self._env_faults = [int(s["env_faults"][0]) for s in summaries]
-        for s in summaries:
-            self._obs_stats = _merge_flat_stats(self._obs_stats, s["obs_stats"])
-            self._return_stats = _merge_flat_stats(self._return_stats, s["return_stats"])
-            self.episodes += self._episodes.add(s["episode_return"], s["episode_length"])
-            self.received += int(s["valid"].sum())
+        """One synchronous round: receive, update, broadcast (unless the run is over). With
+        `algorithm.refill_rounds`, more rounds under the same parameters until the update's
+        groups all teach something (or the rounds are spent)."""
+        wait_s = 0.0
+        rounds, informative, lags, actor_seconds, counts = [], [], [], [], []
+        while True:
+            tick = time.perf_counter()
+            rollout, lag, seconds, row_counts = self._receive_round()
+            wait_s += time.perf_counter() - tick
+            rounds.append(rollout)
+            counts.append(row_counts)
+            lags.append(lag)
+            actor_seconds.append(seconds)
+            if self._refill is None:
+                break
+            informative.append(informative_mask(rollout, self._eos_id, self._refill))
+            missing = rollout["reward"].size // self._refill.group_size - sum(
+                int(mask.sum()) for mask in informative
+            )
+            # Every learner process takes the same rounds: env ranks wait on one version.
+            if len(rounds) > self.config.algorithm.refill_rounds or not self._group.any(
+                missing > 0
+            ):
+                break
+            self._channel.release_round()
+            self._broadcast()  # the same parameters, a new version: the next round may start
+        lag = np.concatenate(lags)
+        actor_seconds = np.sum(actor_seconds, axis=0)
+        refill = {}
+        if self._refill is not None:
+            rollout, left = refilled_rollout(
+                rounds, informative, self._refill.group_size, ROLLOUT_LAST_FIELDS
+            )
+            local = [
+                sum(int(c[name][rows].sum()) for c, rows in zip(counts, left, strict=True))
+                for name in ("rows", "tokens", "episodes")
+            ] + [sum(int(mask.sum()) for mask in informative)]
+            gathered = np.sum(self._group.allgather(local), axis=0).tolist()
+            rows, tokens, episodes, groups = gathered
+            self.discarded += rows
             if self.text is not None:
-                self.text.receive(s)
+                self.text.discarded_tokens += tokens
+                self.text.discarded_episodes += episodes
+            refill = {
+                "refill_rounds": len(rounds) - 1,
+                "groups_informative": groups,  # over the rounds, kept or not
+                "rows_discarded": rows,
+            }
         trained_columns = {}
         if self._length_bucket:
             lengths = self._trimmed_lengths(rollout)
@@ -373,8 +413,6 @@ class Learner:
                 for name, value in rollout.items()
             }
         self._channel.release_round()
-        valid = np.concatenate([s["valid"] for s in summaries], axis=1).astype(bool)
-        lag = (self.version - versions)[valid]
 
         tick = time.perf_counter()
         self.state, metrics = self._update(self.state, rollout)
@@ -395,6 +433,7 @@ class Learner:
             "policy_lag_hist": np.bincount(lag).tolist() if lag.size else [],
             "env_faults": self.env_faults,
             **metrics,
+            **refill,
             **trained_columns,
             "time/learner_wait_s": wait_s,
             "time/learner_update_s": update_s,
@@ -415,6 +454,50 @@ class Learner:
         if self._progress is not None:
             self._progress.update(record, force=self.done)
         return record
+
+    def _receive_round(self) -> tuple[dict[str, np.ndarray], np.ndarray, np.ndarray, dict]:
+        """One round of segments, every env rank's, as a `[T, B, ...]` rollout (a copy: the
+        round's buffers may be released), with what their summaries carry taken in: normalizer
+        statistics, episodes, counts. Returns it, the policy lag of its valid rows, the env
+        ranks' mean actor seconds, and what each of this learner's rows counts for (valid
+        rows, tokens, episode ends: `[T, B]` each, with refill_rounds, else empty)."""
+        serve = None
+        if self.inference is not None:
+            # A serving thread answers by itself: waiting, the learner only checks on it.
+            serve = self.inference.check if self.inference.threaded else self.inference.serve
+        buffers = self._channel.receive_round(self.config.run.transport_timeout_s, serve=serve)
+        self.rounds += 1
+        segments = [spec.views(buf) for spec, buf in zip(self._segment_specs, buffers, strict=True)]
+        rollout = {
+            name: np.concatenate([s[name] for s in segments], axis=1) for name in ROLLOUT_FIELDS
+        }
+        for name in ROLLOUT_LAST_FIELDS:
+            rollout[name] = np.concatenate([s[name] for s in segments])
+        summaries = self._round_summaries(segments)
+        versions = np.concatenate([s["policy_version"] for s in summaries], axis=1)
+        actor_seconds = np.mean([s["actor_seconds"] for s in summaries], axis=0)
+        self._env_faults = [int(s["env_faults"][0]) for s in summaries]
+        for s in summaries:
+            self._obs_stats = _merge_flat_stats(self._obs_stats, s["obs_stats"])
+            self._return_stats = _merge_flat_stats(self._return_stats, s["return_stats"])
+            self.episodes += self._episodes.add(s["episode_return"], s["episode_length"])
+            self.received += int(s["valid"].sum())
+            if self.text is not None:
+                self.text.receive(s)
+        valid = np.concatenate([s["valid"] for s in summaries], axis=1).astype(bool)
+        # The version the round was collected against is the rounds taken before it.
+        lag = (self.rounds - 1 - versions)[valid]
+        counts = {}
+        if self._refill is not None:
+            local_valid = rollout["valid"].astype(bool)
+            counts = {
+                "rows": local_valid,
+                "tokens": np.concatenate([s["response_tokens"] for s in segments], 1) * local_valid,
+                "episodes": np.concatenate(
+                    [np.isfinite(s["episode_return"]) for s in segments], axis=1
+                ),
+            }
+        return rollout, lag, actor_seconds, counts
 
     def _generate_time(self) -> dict[str, float]:
         """Central inference: the seconds the server computed since the last record (while
@@ -486,7 +569,11 @@ class Learner:
             self.text.late_episodes += sum(g[1] for g in gathered)
         reports, late = gather_final_reports(self._group, reports, late)
         self.accounting = self._before + reconcile(
-            reports, received=self.received, trained=self.trained, late=late
+            reports,
+            received=self.received,
+            trained=self.trained,
+            late=late,
+            discarded=self.discarded,
         )
         if self.text is not None:
             self.text.reconcile(reports)

@@ -24,13 +24,14 @@ class Accounting:
     trained: int = 0  # consumed by an update
     unsent: int = 0  # produced but still queued on env ranks at shutdown
     late: int = 0  # arrived after the last update: received, not trained on
+    discarded: int = 0  # received, left out of an update that dynamic sampling refilled
 
     @property
     def reconciles(self) -> bool:
         return (
             self.produced == self.sent + self.unsent
             and self.sent == self.received
-            and self.received == self.trained + self.late
+            and self.received == self.trained + self.late + self.discarded
         )
 
     def __add__(self, other: Accounting) -> Accounting:
@@ -39,11 +40,12 @@ class Accounting:
         return Accounting(**{name: n + theirs[name] for name, n in self.counts().items()})
 
     @classmethod
-    def trained_so_far(cls, trained: int) -> Accounting:
-        """What a checkpoint taken between updates carries forward: the rows trained on. The
-        rest of what env ranks stepped by then is in flight and is stepped anew by a run that
-        resumes from this checkpoint."""
-        return cls(produced=trained, sent=trained, received=trained, trained=trained)
+    def trained_so_far(cls, trained: int, discarded: int = 0) -> Accounting:
+        """What a checkpoint taken between updates carries forward: the rows trained on (and
+        those discarded by the updates so far). The rest of what env ranks stepped by then is
+        in flight and is stepped anew by a run that resumes from this checkpoint."""
+        taken = trained + discarded
+        return cls(produced=taken, sent=taken, received=taken, trained=trained, discarded=discarded)
 
     def counts(self) -> dict[str, int]:
         return {f.name: int(getattr(self, f.name)) for f in dataclasses.fields(self)}
@@ -53,10 +55,14 @@ class Accounting:
 
 
 def reconcile(
-    env_reports: Sequence[dict[str, Any]], received: int, trained: int, late: int
+    env_reports: Sequence[dict[str, Any]],
+    received: int,
+    trained: int,
+    late: int,
+    discarded: int = 0,
 ) -> Accounting:
     """Combine env ranks' final reports with the learner's own counts (`received` excludes
-    `late`: it is what the updates were given)."""
+    `late`: it is what the updates were given, or `discarded` from)."""
     return Accounting(
         produced=sum(int(r["produced"]) for r in env_reports),
         sent=sum(int(r["sent"]) for r in env_reports),
@@ -64,6 +70,7 @@ def reconcile(
         trained=trained,
         unsent=sum(int(r["unsent"]) for r in env_reports),
         late=late,
+        discarded=discarded,
     )
 
 

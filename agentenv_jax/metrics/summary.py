@@ -140,7 +140,7 @@ def format_summary(summary: dict[str, Any]) -> str:
             f" experience produced {acc['produced']:,} = sent {acc['sent']:,} + unsent "
             f"{acc['unsent']:,}",
             f"            received {acc['received']:,} = trained {acc['trained']:,} + late "
-            f"{acc['late']:,}   ({ok})",
+            f"{acc['late']:,}{_discarded(acc)}   ({ok})",
         ]
     else:
         lines += [
@@ -158,9 +158,16 @@ def format_summary(summary: dict[str, Any]) -> str:
             lines.append(
                 f" {name + 's':<10} produced {text_acc['produced']:,} = sent {text_acc['sent']:,}"
                 f" + unsent {text_acc['unsent']:,}; received {text_acc['received']:,} = trained "
-                f"{text_acc['trained']:,} + late {text_acc['late']:,}   ({text_ok})"
+                f"{text_acc['trained']:,} + late {text_acc['late']:,}{_discarded(text_acc)}"
+                f"   ({text_ok})"
             )
     if "accuracy" in summary:
         lines.append(f" accuracy   {summary['accuracy']:.3f} (the last episodes)")
     lines.append("─" * 72)
     return "\n".join(lines)
+
+
+def _discarded(accounting: dict[str, Any]) -> str:
+    """The `+ discarded N` term of a run whose updates dynamic sampling refilled."""
+    discarded = accounting.get("discarded", 0)
+    return f" + discarded {discarded:,}" if discarded else ""

@@ -27,6 +27,8 @@ class TextCounters:
         self.trained_tokens = 0  # counted by the update, on the device
         self.late_tokens = 0  # in segments that arrived after the last update
         self.late_episodes = 0
+        self.discarded_tokens = 0  # in rows a refilled update left out (dynamic sampling)
+        self.discarded_episodes = 0
         # What earlier sessions of this run (before a resume) accounted for.
         self._before_tokens = Accounting()
         self._before_episodes = Accounting()
@@ -71,14 +73,16 @@ class TextCounters:
             trained=self.trained_tokens,
             unsent=total("unsent_tokens"),
             late=self.late_tokens,
+            discarded=self.discarded_tokens,
         )
         self.episodes = self._before_episodes + Accounting(
             produced=total("produced_episodes"),
             sent=total("sent_episodes"),
             received=self.received_episodes + self.late_episodes,
-            trained=self.received_episodes,
+            trained=self.received_episodes - self.discarded_episodes,
             unsent=total("unsent_episodes"),
             late=self.late_episodes,
+            discarded=self.discarded_episodes,
         )
 
     def summary(self) -> dict[str, Any]:
@@ -93,13 +97,21 @@ class TextCounters:
         """For a checkpoint's meta: what was trained on so far."""
         return {
             "tokens": self._before_tokens.trained + self.trained_tokens,
-            "episodes": self._before_episodes.trained + self.received_episodes,
+            "episodes": self._before_episodes.trained
+            + self.received_episodes
+            - self.discarded_episodes,
+            "discarded_tokens": self._before_tokens.discarded + self.discarded_tokens,
+            "discarded_episodes": self._before_episodes.discarded + self.discarded_episodes,
             "successes": list(self._successes),
         }
 
     def load(self, state: dict[str, Any]) -> None:
         # Like the transitions' (`Accounting.trained_so_far`): what a checkpoint carries
         # forward is what was trained on; the rest is stepped anew.
-        self._before_tokens = Accounting.trained_so_far(int(state["tokens"]))
-        self._before_episodes = Accounting.trained_so_far(int(state["episodes"]))
+        self._before_tokens = Accounting.trained_so_far(
+            int(state["tokens"]), int(state.get("discarded_tokens", 0))
+        )
+        self._before_episodes = Accounting.trained_so_far(
+            int(state["episodes"]), int(state.get("discarded_episodes", 0))
+        )
         self._successes.extend(state["successes"])
