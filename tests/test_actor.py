@@ -315,7 +315,13 @@ DISCRETE = EnvSpaces(
 
 
 def fill_segments(
-    actor_class: type[Actor], mode: AutoresetMode, normalize: bool, lag: int, fault_rate: float
+    actor_class: type[Actor],
+    mode: AutoresetMode,
+    normalize: bool,
+    lag: int,
+    fault_rate: float,
+    policy: Any = None,
+    **settings: Any,
 ) -> list[bytes]:
     """Eight segments of `actor_class` on the scripted env, as bytes, then its counts; parameter
     messages arrive mid-segment when `lag > 0`."""
@@ -326,7 +332,7 @@ def fill_segments(
     actor = actor_class(
         ScriptedVectorEnv(mode, seed=4, fault_rate=fault_rate),
         DISCRETE,
-        StubPolicy(),
+        policy or StubPolicy(),
         channel,
         spec,
         PARAM_SPEC,
@@ -341,6 +347,7 @@ def fill_segments(
         max_inflight_segments=1,
         max_policy_lag=lag,
         timeout_s=10.0,
+        **settings,
     )
     actor._load_params(first)
     segments = []
@@ -373,6 +380,32 @@ def test_actor_segments_are_bit_identical_to_per_step_bookkeeping(mode, normaliz
     fields = spec.views(np.frombuffer(got[-2], np.uint8).copy())
     assert np.isfinite(fields["episode_return"]).any()  # episodes did finish there
     assert fields["valid"].all() == (mode == AutoresetMode.SAME_STEP and fault_rate == 0)
+
+
+class NoValuePolicy(StubPolicy):
+    def value(self, obs: np.ndarray) -> np.ndarray:
+        raise AssertionError("the policy's value pass was called")
+
+
+@pytest.mark.parametrize("mode", [AutoresetMode.SAME_STEP, AutoresetMode.NEXT_STEP])
+def test_segments_without_bootstraps_skip_the_value_pass_and_carry_zero_values(mode):
+    """Critic-free updates (group advantages) read no state values: the env rank leaves
+    `last_value` and `bootstrap_value` 0 and never runs the policy's value pass; the rest of
+    each segment is what a bootstrapping env rank sends."""
+    expected = fill_segments(Actor, mode, True, 0, 0.0)
+    got = fill_segments(Actor, mode, True, 0, 0.0, NoValuePolicy(), bootstraps=False)
+    spec = on_policy_segment_spec(DISCRETE, ROLLOUT, NUM_ENVS)
+    assert got[-1] == expected[-1]
+    truncations = 0
+    for a, b in zip(got[:-1], expected[:-1], strict=True):
+        ours, theirs = (spec.views(np.frombuffer(x, np.uint8)) for x in (a, b))
+        for name in ours:
+            if name in ("last_value", "bootstrap_value"):
+                assert not ours[name].any(), name
+            else:
+                np.testing.assert_array_equal(ours[name], theirs[name], err_msg=name)
+        truncations += int(theirs["bootstrap_value"].any())
+    assert truncations > 0  # the bootstrapping env rank did write values there
 
 
 # --- the replay actor -------------------------------------------------------------------------

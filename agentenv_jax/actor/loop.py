@@ -63,6 +63,7 @@ class Actor:
         max_inflight_segments: int,
         max_policy_lag: int,
         timeout_s: float,
+        bootstraps: bool = True,
     ):
         self._env = vector_env
         self._spaces = spaces
@@ -83,6 +84,10 @@ class Actor:
         self._clip_reward = clip_reward
         self._timeout_s = timeout_s
         self._max_policy_lag = max_policy_lag
+        # Whether segments carry the state values an update bootstraps from (`last_value`,
+        # and `bootstrap_value` at truncations); without, they are 0 and the policy's value
+        # pass (for a language model, a forward pass over every context) is skipped.
+        self._bootstraps = bootstraps
         self._next_step_mode = autoreset_mode(vector_env) == AutoresetMode.NEXT_STEP
         if spaces.action_kind == "continuous":
             self._action_low = np.asarray(spaces.action_low, dtype=np.float32)
@@ -292,7 +297,7 @@ class Actor:
         tick = time.perf_counter()
         last_obs = self._observe(self._obs)
         fields["last_obs"][:] = last_obs
-        fields["last_value"][:] = self._policy.value(last_obs)
+        fields["last_value"][:] = self._policy.value(last_obs) if self._bootstraps else 0.0
         inference_s += time.perf_counter() - tick
 
         valid = fields["valid"].astype(bool)
@@ -365,7 +370,7 @@ class Actor:
             fields["valid"][t] = valid
         if self._normalize_reward:
             self._discounted_return[ended] = 0.0
-        if truncated.any():
+        if truncated.any() and self._bootstraps:
             tick = time.perf_counter()
             fields["bootstrap_value"][t] = np.where(
                 truncated,

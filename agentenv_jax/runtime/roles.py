@@ -201,6 +201,8 @@ def build_actor(
         max_inflight_segments=config.topology.max_inflight_segments,
         max_policy_lag=getattr(config.algorithm, "max_policy_lag", 0),
         timeout_s=env_rank_timeout_s(config),
+        # Critic-free group advantages (GRPO, RLOO) read no state values.
+        bootstraps=getattr(config.algorithm, "advantage", "gae") == "gae",
     )
 
 
