@@ -35,6 +35,7 @@ LoRATarget = Literal["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_pr
 _ATTENTION: tuple[LoRATarget, ...] = ("q_proj", "k_proj", "v_proj", "o_proj")
 InferencePlace = Literal["env_ranks", "learner"]
 InferenceServing = Literal["thread", "between_rounds"]
+ParamSync = Literal["broadcast", "point_to_point"]
 WandbMode = Literal["auto", "online", "offline"]
 
 
@@ -450,6 +451,9 @@ class TopologyConfig:
     # running ahead, max_policy_lag > 0, are served meanwhile), or only while it waits for a
     # round's segments.
     inference_serving: InferenceServing = "thread"  # thread or between_rounds
+    # How a learner sends parameters to its env ranks: one non-blocking MPI broadcast, which
+    # costs the learner about one message whatever their number, or one send per env rank.
+    param_sync: ParamSync = "broadcast"  # broadcast or point_to_point
 
     @property
     def model_axis(self) -> int:

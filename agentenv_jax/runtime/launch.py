@@ -407,6 +407,10 @@ def run_mpi(config: ExperimentConfig, resume: bool = False) -> TrainResult:
     for rank in range(topology.num_learner_ranks):
         processes[rank]["jax_devices"] = outcomes[rank]["jax_devices"]
     world.watch_for_failed_ranks(processes)
+    if config.topology.param_sync == "broadcast":
+        world.split_param_groups(
+            world.rank if topology.is_learner else topology.learner_of(topology.env_rank_index)
+        )
     plan = plan_for(config, topology, spaces, learner_outcome["replay_source"])
 
     # Second agreement: building the roles can fail too (a checkpoint that does not fit).

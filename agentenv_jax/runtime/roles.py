@@ -249,7 +249,10 @@ def on_policy_plan(config: ExperimentConfig, topology: Topology, spaces) -> Role
 
         learner_rank = topology.learner_of(topology.env_rank_index)
         channel = MPIActorChannel(
-            world.comm, learner_rank=learner_rank, param_nbytes=param_spec.nbytes
+            world.comm,
+            learner_rank=learner_rank,
+            param_nbytes=param_spec.nbytes,
+            param_group=world.param_comm,
         )
         if central:
             from agentenv_jax.transport.mpi.inference import MPIInferenceClient
@@ -273,6 +276,7 @@ def on_policy_plan(config: ExperimentConfig, topology: Topology, spaces) -> Role
             [s.nbytes for s in specs_by_learner[learner]],
             inflight,
             param_spec.nbytes,
+            world.param_comm,
         )
         if central:
             from agentenv_jax.transport.mpi.inference import MPIInferenceEndpoint
@@ -442,13 +446,18 @@ def replay_plan(
     def mpi_actor_channel(world):
         from agentenv_jax.transport.mpi import MPIReplayActorChannel
 
-        return MPIReplayActorChannel(world.comm, topology.learner_of(index), *sizes)
+        return MPIReplayActorChannel(
+            world.comm, topology.learner_of(index), *sizes, param_group=world.param_comm
+        )
 
     def mpi_learner_channel(world):
         from agentenv_jax.transport.mpi import MPIReplayLearnerChannel
 
         return MPIReplayLearnerChannel(
-            world.comm, [topology.env_rank_of(i) for i in feeders[learner]], *sizes
+            world.comm,
+            [topology.env_rank_of(i) for i in feeders[learner]],
+            *sizes,
+            param_group=world.param_comm,
         )
 
     return RolePlan(

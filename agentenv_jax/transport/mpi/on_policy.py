@@ -14,13 +14,17 @@ from agentenv_jax.transport.messages import (
     TAG_CONTROL,
     TAG_CREDIT,
     TAG_FINAL,
-    TAG_PARAMS,
     TAG_SEGMENT,
+)
+from agentenv_jax.transport.mpi.params import (
+    ParamBroadcast,
+    ParamInbox,
+    TreeParamBroadcast,
+    TreeParamInbox,
 )
 from agentenv_jax.transport.mpi.world import (
     FAILED_RANKS,
     Backoff,
-    ParamBroadcast,
     cancel_receives,
     finish_sends,
     receive_final_reports,
@@ -28,20 +32,43 @@ from agentenv_jax.transport.mpi.world import (
 )
 
 
-class MPIActorChannel:
-    """An env rank's end of the MPI transport (see `ActorChannel`)."""
+def param_sender(
+    comm: MPI.Comm, env_ranks: list[int], nbytes: int, group: MPI.Comm | None
+) -> ParamBroadcast:
+    """The learner's parameter sender: a broadcast over `group` (its env ranks'
+    communicator, `MPIWorld.split_param_groups`), or an `Isend` per env rank without one."""
+    if group is not None:
+        return TreeParamBroadcast(group, nbytes)
+    return ParamBroadcast(comm, env_ranks, nbytes)
 
-    def __init__(self, comm: MPI.Comm, learner_rank: int, param_nbytes: int):
+
+def param_inbox(
+    comm: MPI.Comm, learner_rank: int, nbytes: int, group: MPI.Comm | None
+) -> ParamInbox | TreeParamInbox:
+    """An env rank's parameter receiver, matching its learner's `param_sender`."""
+    if group is not None:
+        return TreeParamInbox(group, nbytes)
+    return ParamInbox(comm, learner_rank, nbytes)
+
+
+class MPIActorChannel:
+    """An env rank's end of the MPI transport (see `ActorChannel`); parameters arrive by
+    broadcast over `param_group` where given (`topology.param_sync: broadcast`)."""
+
+    def __init__(
+        self,
+        comm: MPI.Comm,
+        learner_rank: int,
+        param_nbytes: int,
+        param_group: MPI.Comm | None = None,
+    ):
         self._comm = comm
         self._learner = learner_rank
-        self._param_inbox = np.empty(param_nbytes, dtype=np.uint8)
-        self._latest_params = np.empty(param_nbytes, dtype=np.uint8)
-        self._param_req = comm.Irecv(self._param_inbox, source=learner_rank, tag=TAG_PARAMS)
+        self._params = param_inbox(comm, learner_rank, param_nbytes, param_group)
         self._credit_inbox = np.zeros(1, dtype=np.int64)
         self._credit_req = comm.Irecv(self._credit_inbox, source=learner_rank, tag=TAG_CREDIT)
         self._control_req = comm.irecv(source=learner_rank, tag=TAG_CONTROL)
         self._credits = 0
-        self._params_received = 0
         self._stop_message: dict[str, Any] | None = None
         self._backoff = Backoff()
         self._inflight: list[tuple[MPI.Request, np.ndarray]] = []
@@ -49,7 +76,8 @@ class MPIActorChannel:
 
     def abandon(self) -> None:
         """The start was called off before any segment moved: withdraw the posted receives."""
-        cancel_receives([self._param_req, self._credit_req, self._control_req])
+        self._params.close()
+        cancel_receives([self._credit_req, self._control_req])
 
     def _poll_credits(self) -> None:
         while self._credit_req.Test():
@@ -67,19 +95,10 @@ class MPIActorChannel:
         return self._stopped
 
     def poll_params(self) -> np.ndarray | None:
-        fresh = False
-        # Drain everything that arrived: only the newest version matters.
-        while self._param_req.Test():
-            self._params_received += 1
-            self._latest_params[...] = self._param_inbox
-            self._param_req = self._comm.Irecv(
-                self._param_inbox, source=self._learner, tag=TAG_PARAMS
-            )
-            fresh = True
-        if fresh:
+        message = self._params.poll()
+        if message is not None:
             self._backoff.reset()
-            return self._latest_params
-        return None
+        return message
 
     def stop_requested(self) -> bool:
         return self._poll_stop()
@@ -118,16 +137,13 @@ class MPIActorChannel:
         # Take every parameter message the learner sent before it asked us to stop, so none of
         # its sends is left unmatched when we cancel our receive.
         sent = (self._stop_message or {}).get("params_sent", 0)
-
-        def all_received() -> bool:
-            self.poll_params()
-            return self._params_received >= sent
-
-        wait_until(all_received, 30.0, lambda: "the learner's last parameter message")
+        wait_until(
+            lambda: self._params.done(sent), 30.0, lambda: "the learner's last parameter message"
+        )
         self._comm.send(dict(report), dest=self._learner, tag=TAG_FINAL)
-        for request in (self._param_req, self._credit_req):
-            request.Cancel()
-            request.Wait()
+        self._params.close()
+        self._credit_req.Cancel()
+        self._credit_req.Wait()
         if not self._stopped:
             self._control_req.cancel()
 
@@ -146,6 +162,7 @@ class MPILearnerChannel:
         segment_nbytes: list[int],
         max_inflight: int,
         param_nbytes: int,
+        param_group: MPI.Comm | None = None,
     ):
         self._comm = comm
         self._env_ranks = list(env_ranks)
@@ -167,7 +184,7 @@ class MPILearnerChannel:
         self._small_sends: list[MPI.Request] = []
         for rank in self._env_ranks:
             self._send_credit(rank, self._first_credits)
-        self._params = ParamBroadcast(comm, self._env_ranks, param_nbytes)
+        self._params = param_sender(comm, self._env_ranks, param_nbytes, param_group)
         self._round_taken = False
 
     def abandon(self) -> None:
@@ -239,6 +256,7 @@ class MPILearnerChannel:
         self._round_taken = False
 
     def request_stop(self) -> None:
+        self._params.close()
         stop = {"stop": True, "params_sent": self._params.sent}
         for rank in self._env_ranks:
             self._small_sends.append(self._comm.isend(stop, dest=rank, tag=TAG_CONTROL))

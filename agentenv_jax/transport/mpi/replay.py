@@ -15,10 +15,9 @@ from agentenv_jax.transport.messages import (
     TAG_SAMPLE_ANSWER,
     TAG_SAMPLE_REQUEST,
 )
-from agentenv_jax.transport.mpi.on_policy import MPIActorChannel
+from agentenv_jax.transport.mpi.on_policy import MPIActorChannel, param_sender
 from agentenv_jax.transport.mpi.world import (
     FAILED_RANKS,
-    ParamBroadcast,
     cancel_receives,
     finish_sends,
     receive_final_reports,
@@ -39,8 +38,9 @@ class MPIReplayActorChannel(MPIActorChannel):
         request_nbytes: int,
         answer_nbytes: int,
         priority_nbytes: int,
+        param_group: MPI.Comm | None = None,
     ):
-        super().__init__(comm, learner_rank, param_nbytes)
+        super().__init__(comm, learner_rank, param_nbytes, param_group)
         self._request_inbox = np.empty(request_nbytes, dtype=np.uint8)
         self._request_req = comm.Irecv(
             self._request_inbox, source=learner_rank, tag=TAG_SAMPLE_REQUEST
@@ -102,11 +102,12 @@ class MPIReplayLearnerChannel:
         request_nbytes: int,
         answer_nbytes: int,
         priority_nbytes: int,
+        param_group: MPI.Comm | None = None,
     ):
         self._comm = comm
         self._env_ranks = list(env_ranks)
         self.num_env_ranks = len(env_ranks)
-        self._params = ParamBroadcast(comm, self._env_ranks, param_nbytes)
+        self._params = param_sender(comm, self._env_ranks, param_nbytes, param_group)
         self._request_bufs = [np.empty(request_nbytes, dtype=np.uint8) for _ in env_ranks]
         self._request_reqs: list[MPI.Request | None] = [None] * self.num_env_ranks
         self._answers = [np.empty(answer_nbytes, dtype=np.uint8) for _ in env_ranks]
@@ -174,6 +175,7 @@ class MPIReplayLearnerChannel:
         )
 
     def request_stop(self, **details: Any) -> None:
+        self._params.close()
         stop = {"stop": True, "params_sent": self._params.sent, **details}
         for rank in self._env_ranks:
             self._small_sends.append(self._comm.isend(stop, dest=rank, tag=TAG_CONTROL))

@@ -1,5 +1,5 @@
-"""MPI start-up and the waiting every MPI channel shares: `MPIWorld`, failed-rank notices, the
-polled back-off wait, and the double-buffered parameter broadcast.
+"""MPI start-up and the waiting every MPI channel shares: `MPIWorld`, failed-rank notices and
+the polled back-off wait.
 
 NOTE: MPICH's blocking waits spin on a core for as long as they last. With several ranks per core
 that steals time from env stepping, so every wait here polls `Test` instead: first without pausing
@@ -20,12 +20,11 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-import numpy as np
 from mpi4py import MPI
 
 from agentenv_jax.transport.base import TransportError
 from agentenv_jax.transport.launcher import detect_launcher, world_mismatch
-from agentenv_jax.transport.messages import TAG_FINAL, TAG_PARAMS
+from agentenv_jax.transport.messages import TAG_FINAL
 
 # How long a wait polls before its first sleep. Here a 20 us sleep lasts ~40 us with the timer
 # slack cut (~95 us without; even `sleep(0)` ~15 us): a message that comes within about one
@@ -181,6 +180,7 @@ class MPIWorld:
         self.comm = MPI.COMM_WORLD
         self.size = self.comm.Get_size()
         self.rank = self.comm.Get_rank()
+        self.param_comm: MPI.Comm | None = None  # `split_param_groups`
         launcher = detect_launcher()
         if launcher.size is not None and launcher.size != self.size:
             library = mpi_library()
@@ -195,6 +195,13 @@ class MPIWorld:
         barrier = self.comm.Ibarrier()
         wait_until(barrier.Test, 3600.0, lambda: "every rank to finish starting up")
         return self.comm.allgather(value)
+
+    def split_param_groups(self, learner_rank: int) -> None:
+        """Make `param_comm`: the communicator of this rank's learner (`learner_rank`, its rank
+        0) and that learner's env ranks, over which parameters are broadcast. Collective: every
+        rank of the world calls it, at the same point of start-up."""
+        key = 0 if learner_rank == self.rank else 1 + self.rank
+        self.param_comm = self.comm.Split(color=learner_rank, key=key)
 
     def watch_for_failed_ranks(self, processes: dict[int, dict[str, Any]]) -> None:
         """From now on, waits name a rank whose process died (see `FailedRankWatch`);
@@ -245,35 +252,3 @@ def finish_sends(requests: list[MPI.Request]) -> None:
         )
     except TransportError:
         pass  # an env rank that stopped never takes a stale message; nothing is lost
-
-
-class ParamBroadcast:
-    """Versioned parameter messages to every env rank, double-buffered so one can be in flight
-    while the next is written."""
-
-    def __init__(self, comm: MPI.Comm, env_ranks: list[int], nbytes: int):
-        self._comm = comm
-        self._env_ranks = env_ranks
-        self._buffers = [np.empty(nbytes, dtype=np.uint8) for _ in range(2)]
-        self._requests: list[list[MPI.Request]] = [[], []]
-        self._turn = 0
-        self.sent = 0  # messages sent to each env rank; the stop request carries it
-
-    def send(self, message: np.ndarray) -> None:
-        turn = self._turn
-        pending = self._requests[turn]
-        wait_until(
-            lambda: MPI.Request.Testall(pending),
-            600.0,
-            lambda: "env ranks to take an earlier parameter message",
-        )
-        self._buffers[turn][...] = message
-        self._requests[turn] = [
-            self._comm.Isend(self._buffers[turn], dest=rank, tag=TAG_PARAMS)
-            for rank in self._env_ranks
-        ]
-        self._turn = 1 - turn
-        self.sent += 1
-
-    def pending(self) -> list[MPI.Request]:
-        return [r for requests in self._requests for r in requests]
