@@ -12,7 +12,7 @@ points (goal: at least 15 on every seed, each run at most 30 minutes on this mac
 "train s" is the training run's wall time, launch to exit. `--plot PNG` draws every seed's
 training accuracy per update (`agentenv plot --metric accuracy`).
 
-    python benchmarks/grpo_learning.py                       # seeds 0 and 1, ~45 min here
+    python benchmarks/grpo_learning.py                       # seeds 0 and 1, ~50 min here
     python benchmarks/grpo_learning.py --seeds 0 --set run.total_env_steps=320   # smoke run
     python benchmarks/grpo_learning.py --plot learning.png --json out.json
 """
