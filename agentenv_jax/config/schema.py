@@ -35,7 +35,7 @@ LoRATarget = Literal["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_pr
 _ATTENTION: tuple[LoRATarget, ...] = ("q_proj", "k_proj", "v_proj", "o_proj")
 InferencePlace = Literal["env_ranks", "learner"]
 InferenceServing = Literal["thread", "between_rounds"]
-ParamSync = Literal["broadcast", "point_to_point"]
+ParamSync = Literal["auto", "broadcast", "point_to_point"]
 WandbMode = Literal["auto", "online", "offline"]
 
 
@@ -452,8 +452,11 @@ class TopologyConfig:
     # round's segments.
     inference_serving: InferenceServing = "thread"  # thread or between_rounds
     # How a learner sends parameters to its env ranks: one non-blocking MPI broadcast, which
-    # costs the learner about one message whatever their number, or one send per env rank.
-    param_sync: ParamSync = "broadcast"  # broadcast or point_to_point
+    # costs the learner about one message whatever their number, or one send per env rank;
+    # auto broadcasts to env ranks on other hosts than the learner's and sends to each of them
+    # on one host, where a send is a shared-memory copy its receiver makes (and measured
+    # here, cheaper for the learner than a broadcast: docs/benchmarks.md).
+    param_sync: ParamSync = "auto"  # auto, broadcast or point_to_point
 
     @property
     def model_axis(self) -> int:

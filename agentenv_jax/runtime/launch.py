@@ -37,7 +37,7 @@ from agentenv_jax.runtime.roles import (
     single_threaded_xla,
 )
 from agentenv_jax.transport.launcher import launched_by_mpi
-from agentenv_jax.transport.topology import make_topology
+from agentenv_jax.transport.topology import Topology, make_topology
 
 
 class StartupError(RuntimeError):
@@ -351,6 +351,26 @@ def _check_learner_devices(outcomes: list[dict[str, Any]], learners: int) -> Non
         )
 
 
+def _learner_rank(topology: Topology, rank: int) -> int:
+    """The learner rank whose parameters `rank` takes (a learner: its own)."""
+    if rank < topology.num_learner_ranks:
+        return rank
+    return topology.learner_of(rank - topology.num_learner_ranks)
+
+
+def _broadcasts_params(
+    config: ExperimentConfig, topology: Topology, processes: dict[int, dict], rank: int
+) -> bool:
+    """Whether the parameter group of `rank`'s learner broadcasts (`topology.param_sync`):
+    under auto, when some of its env ranks run on another host than the learner. Every rank
+    of a group decides alike, from the same start-up data."""
+    if config.topology.param_sync != "auto":
+        return config.topology.param_sync == "broadcast"
+    learner = _learner_rank(topology, rank)
+    members = [r for r in processes if _learner_rank(topology, r) == learner]
+    return len({processes[r]["host"] for r in members}) > 1
+
+
 def run_mpi(config: ExperimentConfig, resume: bool = False) -> TrainResult:
     """This rank's part of an MPI job (learner or env rank)."""
     from agentenv_jax.learner.session import STOP_SIGNALS, LearnerSession
@@ -407,9 +427,10 @@ def run_mpi(config: ExperimentConfig, resume: bool = False) -> TrainResult:
     for rank in range(topology.num_learner_ranks):
         processes[rank]["jax_devices"] = outcomes[rank]["jax_devices"]
     world.watch_for_failed_ranks(processes)
-    if config.topology.param_sync == "broadcast":
+    if config.topology.param_sync != "point_to_point":
         world.split_param_groups(
-            world.rank if topology.is_learner else topology.learner_of(topology.env_rank_index)
+            _learner_rank(topology, world.rank),
+            broadcast=_broadcasts_params(config, topology, processes, world.rank),
         )
     plan = plan_for(config, topology, spaces, learner_outcome["replay_source"])
 

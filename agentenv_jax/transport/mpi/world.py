@@ -196,12 +196,17 @@ class MPIWorld:
         wait_until(barrier.Test, 3600.0, lambda: "every rank to finish starting up")
         return self.comm.allgather(value)
 
-    def split_param_groups(self, learner_rank: int) -> None:
+    def split_param_groups(self, learner_rank: int, broadcast: bool = True) -> None:
         """Make `param_comm`: the communicator of this rank's learner (`learner_rank`, its rank
-        0) and that learner's env ranks, over which parameters are broadcast. Collective: every
-        rank of the world calls it, at the same point of start-up."""
+        0) and that learner's env ranks, over which parameters are broadcast; kept only where
+        its group `broadcast`s (every member decides alike). Collective: every rank of the
+        world calls it, at the same point of start-up."""
         key = 0 if learner_rank == self.rank else 1 + self.rank
-        self.param_comm = self.comm.Split(color=learner_rank, key=key)
+        group = self.comm.Split(color=learner_rank, key=key)
+        if broadcast:
+            self.param_comm = group
+        else:
+            group.Free()
 
     def watch_for_failed_ranks(self, processes: dict[int, dict[str, Any]]) -> None:
         """From now on, waits name a rank whose process died (see `FailedRankWatch`);
