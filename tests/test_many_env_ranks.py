@@ -98,7 +98,14 @@ def test_an_env_rank_waiting_for_a_slow_learner_does_not_spin(run_dir):
         env_rank = int(start["processes"]["1"]["pid"])
         updates_before = len((run_dir / "wait" / "metrics.jsonl").read_text().splitlines())
         cpu_before, wall_before = _cpu_seconds(env_rank), time.monotonic()
+        # At least 8 s, and until an update has ended in the window (under a loaded CI an
+        # update can take longer than that), at most 120 s.
+        metrics = run_dir / "wait" / "metrics.jsonl"
         time.sleep(8)
+        while len(metrics.read_text().splitlines()) <= updates_before + 1:
+            if time.monotonic() - wall_before > 120 or proc.poll() is not None:
+                break
+            time.sleep(1)
         share = (_cpu_seconds(env_rank) - cpu_before) / (time.monotonic() - wall_before)
         assert proc.poll() is None, proc.communicate()[1][-3000:]
     finally:
