@@ -198,7 +198,7 @@ class Learner:
         self._pad_id = spaces.text.pad_id if spaces.text else 0
         refill_rounds = getattr(config.algorithm, "refill_rounds", 0) if spaces.text else 0
         self._eos_id = spaces.text.eos_id if spaces.text else 0
-        self._refill = (
+        self._refill_hyperparams = (
             token_ppo_hyperparams(config.algorithm, spaces.text.response_length)
             if refill_rounds
             else None
@@ -355,6 +355,7 @@ class Learner:
         groups all teach something (or the rounds are spent)."""
         wait_s = 0.0
         rounds, informative, lags, actor_seconds, counts = [], [], [], [], []
+        taught = 0  # informative groups over the rounds so far
         while True:
             tick = time.perf_counter()
             rollout, lag, seconds, row_counts = self._receive_round()
@@ -363,12 +364,11 @@ class Learner:
             counts.append(row_counts)
             lags.append(lag)
             actor_seconds.append(seconds)
-            if self._refill is None:
+            if self._refill_hyperparams is None:
                 break
-            informative.append(informative_mask(rollout, self._eos_id, self._refill))
-            missing = rollout["reward"].size // self._refill.group_size - sum(
-                int(mask.sum()) for mask in informative
-            )
+            informative.append(informative_mask(rollout, self._eos_id, self._refill_hyperparams))
+            taught += int(informative[-1].sum())
+            missing = rollout["reward"].size // self._refill_hyperparams.group_size - taught
             # Every learner process takes the same rounds: env ranks wait on one version.
             if len(rounds) > self.config.algorithm.refill_rounds or not self._group.any(
                 missing > 0
@@ -379,14 +379,14 @@ class Learner:
         lag = np.concatenate(lags)
         actor_seconds = np.sum(actor_seconds, axis=0)
         refill = {}
-        if self._refill is not None:
+        if self._refill_hyperparams is not None:
             rollout, left = refilled_rollout(
-                rounds, informative, self._refill.group_size, ROLLOUT_LAST_FIELDS
+                rounds, informative, self._refill_hyperparams.group_size, ROLLOUT_LAST_FIELDS
             )
             local = [
                 sum(int(c[name][rows].sum()) for c, rows in zip(counts, left, strict=True))
                 for name in ("rows", "tokens", "episodes")
-            ] + [sum(int(mask.sum()) for mask in informative)]
+            ] + [taught]
             gathered = np.sum(self._group.allgather(local), axis=0).tolist()
             rows, tokens, episodes, groups = gathered
             self.discarded += rows
@@ -488,7 +488,7 @@ class Learner:
         # The version the round was collected against is the rounds taken before it.
         lag = (self.rounds - 1 - versions)[valid]
         counts = {}
-        if self._refill is not None:
+        if self._refill_hyperparams is not None:
             local_valid = rollout["valid"].astype(bool)
             counts = {
                 "rows": local_valid,

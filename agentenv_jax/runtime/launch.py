@@ -351,13 +351,6 @@ def _check_learner_devices(outcomes: list[dict[str, Any]], learners: int) -> Non
         )
 
 
-def _learner_rank(topology: Topology, rank: int) -> int:
-    """The learner rank whose parameters `rank` takes (a learner: its own)."""
-    if rank < topology.num_learner_ranks:
-        return rank
-    return topology.learner_of(rank - topology.num_learner_ranks)
-
-
 def _broadcasts_params(
     config: ExperimentConfig, topology: Topology, processes: dict[int, dict], rank: int
 ) -> bool:
@@ -366,8 +359,8 @@ def _broadcasts_params(
     of a group decides alike, from the same start-up data."""
     if config.topology.param_sync != "auto":
         return config.topology.param_sync == "broadcast"
-    learner = _learner_rank(topology, rank)
-    members = [r for r in processes if _learner_rank(topology, r) == learner]
+    learner = topology.learner_of_rank(rank)
+    members = [r for r in processes if topology.learner_of_rank(r) == learner]
     return len({processes[r]["host"] for r in members}) > 1
 
 
@@ -429,7 +422,7 @@ def run_mpi(config: ExperimentConfig, resume: bool = False) -> TrainResult:
     world.watch_for_failed_ranks(processes)
     if config.topology.param_sync != "point_to_point":
         world.split_param_groups(
-            _learner_rank(topology, world.rank),
+            topology.learner_of_rank(world.rank),
             broadcast=_broadcasts_params(config, topology, processes, world.rank),
         )
     plan = plan_for(config, topology, spaces, learner_outcome["replay_source"])

@@ -70,6 +70,13 @@ class Topology:
         """The learner (its rank) that env rank `index` feeds."""
         return index % self.num_learner_ranks
 
+    def learner_of_rank(self, rank: int) -> int:
+        """The learner (its rank) that MPI rank `rank` belongs with: a learner itself, an env
+        rank the learner it feeds."""
+        if rank < self.num_learner_ranks:
+            return rank
+        return self.learner_of(rank - self.num_learner_ranks)
+
     def env_ranks_of(self, learner: int) -> list[int]:
         """The env-rank indices that feed `learner`, in global env order."""
         return list(range(learner, self.num_env_ranks, self.num_learner_ranks))

@@ -1,10 +1,12 @@
 """Versioned parameter messages from a learner to its env ranks, two ways
 (`topology.param_sync`):
 
-- `broadcast` (the default): one non-blocking broadcast (`Ibcast`) over a communicator of the
+- `broadcast` (what `auto` picks for a learner whose env ranks run on other hosts): one
+  non-blocking broadcast (`Ibcast`) over a communicator of the
   learner (its root) and its env ranks, so the learner sends each message about once, however
   many env ranks there are (MPI's tree or scatter-allgather forwards it among them);
-- `point_to_point`: one `Isend` per env rank, the learner's outgoing bytes growing with them.
+- `point_to_point` (`auto`'s pick on one host, where a send is a shared-memory copy its
+  receiver makes): one `Isend` per env rank, the learner's outgoing bytes growing with them.
 
 Either way the learner's side is double-buffered (a message may be in flight while the next is
 written, and the learner waits only when both are) and an env rank takes the newest message
