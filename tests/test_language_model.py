@@ -9,6 +9,7 @@ import pytest
 
 from agentenv_jax.checkpoint.pretrained import load_language_model, save_language_model
 from agentenv_jax.checkpoint.store import CheckpointError
+from agentenv_jax.config.errors import MeshError
 from agentenv_jax.networks.generation import Generation, generate, sample_categorical
 from agentenv_jax.networks.language_model import (
     LM_SIZES,
@@ -18,7 +19,6 @@ from agentenv_jax.networks.language_model import (
     make_language_model,
     response_mask,
 )
-from agentenv_jax.parallel.mesh import MeshError
 from agentenv_jax.parallel.partitioning import check_model_axis_divides
 
 VOCAB, PAD, BOS, EOS = 260, 256, 257, 258

@@ -10,7 +10,8 @@ import pytest
 
 from agentenv_jax.networks import action_distribution, init_params, make_actor_critic
 from agentenv_jax.networks.initializers import init_on_host
-from agentenv_jax.networks.torsos import ImpalaCNN, NatureCNN, resolve_torso
+from agentenv_jax.networks.torso_choice import resolve_torso
+from agentenv_jax.networks.torsos import ImpalaCNN, NatureCNN
 
 
 def _shapes(params) -> dict:

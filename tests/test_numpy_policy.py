@@ -7,7 +7,8 @@ import jax
 import numpy as np
 import pytest
 
-from agentenv_jax.actor.policy import ActorPolicy, NumpyActorPolicy
+from agentenv_jax.actor.numpy_policy import NumpyActorPolicy
+from agentenv_jax.actor.policy import ActorPolicy
 from agentenv_jax.config import load_config
 from agentenv_jax.envs import EnvError
 from agentenv_jax.envs.spaces import EnvSpaces
@@ -89,3 +90,37 @@ def test_auto_takes_numpy_for_small_mlps_and_jit_for_cnns_and_large_mlps():
     numpy_cnn = load_config(EXPERIMENTS / "catch_ppo.yaml", ["topology.env_rank_inference=numpy"])
     with pytest.raises(EnvError, match="env_rank_inference = 'numpy' is not allowed with a CNN"):
         uses_numpy_inference(numpy_cnn, pixels, _layout(numpy_cnn, pixels))
+
+
+def test_a_layout_rebuilt_from_its_leaf_paths_unravels_like_the_traced_one():
+    """What the learner sends env ranks at start-up (`leaf_paths`, plain lists): rebuilt
+    without JAX, it cuts a flat vector into the same leaves, under the same keys, and the numpy
+    policy acts alike with either."""
+    kind, size, nvec, shape, activation, obs_shape, image = CASES["multi_discrete-relu"]
+    module, _ = make_actor_critic(kind, size, 1, (32, 32), (16,), activation, -0.5)
+    params = init_params(module, obs_shape, jax.random.PRNGKey(3))
+    traced = FlatLayout(params)
+    sent = traced.leaf_paths()
+    assert all(isinstance(k, str) for path, _ in sent for k in path)
+    rebuilt = FlatLayout.from_leaf_paths(sent)
+    assert rebuilt.num_params == traced.num_params
+    flat = np.asarray(traced.ravel(params))
+    ours = jax.tree_util.tree_leaves_with_path(rebuilt.unravel(flat))
+    theirs = jax.tree_util.tree_leaves_with_path(traced.unravel(flat))
+    assert [path for path, _ in ours] == [path for path, _ in theirs]
+    for (_, a), (_, b) in zip(ours, theirs, strict=True):
+        assert isinstance(a, np.ndarray)
+        np.testing.assert_array_equal(a, np.asarray(b))
+    obs = np.random.default_rng(0).standard_normal((8, *obs_shape)).astype(np.float32)
+    policies = [
+        NumpyActorPolicy(layout.unravel, kind, nvec, size, shape, [7, 1], 1, activation, False)
+        for layout in (traced, rebuilt)
+    ]
+    for policy in policies:
+        policy.set_params(flat)
+    (a1, lp1, v1), (a2, lp2, v2) = (policy.act(obs) for policy in policies)
+    np.testing.assert_array_equal(a1, a2)
+    np.testing.assert_array_equal(lp1, lp2)
+    np.testing.assert_array_equal(v1, v2)
+    with pytest.raises(ValueError, match="only a layout of nested dicts"):
+        FlatLayout([np.zeros(3), np.zeros(2)]).leaf_paths()

@@ -58,8 +58,15 @@ def test_waits_spin_before_sleeping_then_back_off_to_their_cap():
     assert result["slept_after_reset"] == []
     assert result["wait_within_spin_slept"] == []
     assert result["slept_after_spin"] == [20e-6, 40e-6, 80e-6, 160e-6, 250e-6, 250e-6]
-    assert result["longest_sleep"] == 250e-6
-    assert "timed out after 1 s waiting for the test's message" in result["timeout_error"]
+    # A short wait keeps the fixed cap; longer ones sleep up to 1 % of the time waited (so a
+    # message is seen at most ~1 % late), and never longer than 20 ms.
+    assert result["longest_sleep_0.02"] == 250e-6
+    assert 250e-6 < result["longest_sleep_1"] <= 0.01
+    assert result["longest_sleep_60"] == 0.02
+    for timeout_s in ("1", "60"):
+        assert 0.0 < result[f"late_share_{timeout_s}"] <= 0.0101
+        assert result[f"waited_{timeout_s}"] < float(timeout_s) * 1.011 + 0.02
+    assert "timed out after 60 s waiting for the test's message" in result["timeout_error"]
 
 
 @pytest.mark.slow

@@ -171,12 +171,25 @@ def backoff() -> dict[str, Any]:
     world.wait_until(lambda: next(polls), 1.0, lambda: "nothing")
     result["wait_within_spin_slept"] = list(clock.slept)
 
-    # One that never ends sleeps at the capped back-off and names what it waited for.
-    try:
-        world.wait_until(lambda: False, 1.0, lambda: "the test's message")
-    except TransportError as error:
-        result["timeout_error"] = str(error)
-        result["longest_sleep"] = max(clock.slept)
+    # One that never ends sleeps ever longer, at most a share of the time waited so far, and
+    # names what it waited for.
+    for timeout_s in (0.02, 1.0, 60.0):
+        clock.slept.clear()
+        started = clock.now
+        try:
+            world.wait_until(lambda: False, timeout_s, lambda: "the test's message")
+        except TransportError as error:
+            result["timeout_error"] = str(error)
+        waited, ratios = 0.0, []
+        for sleep in clock.slept:
+            ratios.append(sleep / max(waited, 1e-9))  # against the time waited before it
+            waited += sleep
+        result[f"longest_sleep_{timeout_s:g}"] = max(clock.slept)
+        # Past the fixed cap, the largest share of the time waited that one sleep took.
+        result[f"late_share_{timeout_s:g}"] = max(
+            (r for r, s in zip(ratios, clock.slept, strict=True) if s > 250e-6), default=0.0
+        )
+        result[f"waited_{timeout_s:g}"] = clock.now - started
     return result
 
 

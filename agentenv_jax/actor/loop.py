@@ -7,14 +7,13 @@ the jitted policy (`actor.policy`) and the segment layout (`buffers.segment_queu
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import gymnasium as gym
 import numpy as np
 from gymnasium.vector import AutoresetMode
 
 from agentenv_jax.actor.episodes import episode_statistics
-from agentenv_jax.actor.policy import ActorPolicy
 from agentenv_jax.buffers.segment_queue import ACTOR_TIMERS, SegmentQueue, segment_counts
 from agentenv_jax.envs import normalization as norm
 from agentenv_jax.envs.factory import EnvSpaces, autoreset_mode
@@ -23,6 +22,9 @@ from agentenv_jax.envs.multi_agent.columns import ACTED
 from agentenv_jax.metrics.process_usage import ProcessClock
 from agentenv_jax.transport.base import ActorChannel, CollectionStopped, TransportError
 from agentenv_jax.transport.spec import MessageSpec
+
+if TYPE_CHECKING:  # an env rank acting in numpy imports no JAX
+    from agentenv_jax.actor.policy import ActorPolicy
 
 
 def _valid_rows(x: np.ndarray, valid: np.ndarray, count: int) -> np.ndarray:

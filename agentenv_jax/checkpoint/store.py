@@ -17,8 +17,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-import jax
-
 
 class CheckpointError(ValueError):
     """A checkpoint that is missing, unreadable or from an incompatible experiment."""
@@ -78,6 +76,7 @@ class CheckpointStore:
     def restore_raw(self, step: int | None = None) -> tuple[Any, dict[str, Any]]:
         """The newest (or given) checkpoint as saved, for inspection: every array whole on this
         process's first device, whatever mesh (and however many learner processes) saved it."""
+        import jax
         import orbax.checkpoint as ocp
 
         step = self.latest_step() if step is None else step
@@ -100,6 +99,7 @@ class CheckpointStore:
     def restore(self, like_state: Any, step: int | None = None) -> tuple[Any, dict[str, Any]]:
         """The newest (or given) checkpoint: a state shaped and sharded like `like_state`, and
         its metadata."""
+        import jax
         import orbax.checkpoint as ocp
 
         step = self.latest_step() if step is None else step

@@ -14,11 +14,14 @@ Boxes with finite bounds. Anything else is an `EnvError` naming the env and the 
 from __future__ import annotations
 
 import dataclasses
+from typing import Literal
 
 import gymnasium as gym
 import numpy as np
 
-from agentenv_jax.networks.distributions import ActionKind
+# How actions are sampled (`networks.distributions`); defined here, with the spaces that
+# decide it, so that reading spaces imports no JAX.
+ActionKind = Literal["discrete", "multi_discrete", "continuous"]
 
 _FLATTENED = (
     gym.spaces.Discrete,

@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
+from typing import TYPE_CHECKING
 
-import jax
-import jax.numpy as jnp
 import numpy as np
+
+if TYPE_CHECKING:  # imported where used: the CLI catches `NonFiniteError` on env ranks too
+    import jax
 
 
 class NonFiniteError(FloatingPointError):
@@ -33,6 +35,9 @@ def check_finite(
         )
     if flat_params is None:
         return
+    import jax
+    import jax.numpy as jnp
+
     xp = jnp if isinstance(flat_params, jax.Array) else np
     count = int(xp.sum(~xp.isfinite(flat_params)))
     if count:

@@ -37,7 +37,7 @@ from agentenv_jax.metrics.logger import (
     SteadyRate,
     progress_fields,
 )
-from agentenv_jax.metrics.process_usage import cpu_shares
+from agentenv_jax.metrics.process_usage import env_rank_usage
 from agentenv_jax.metrics.text import TextCounters
 from agentenv_jax.networks.flat_params import FlatLayout
 from agentenv_jax.parallel.mesh import (
@@ -235,7 +235,8 @@ class Learner:
         self.discarded = 0  # this session's rows left out of refilled updates
         self.done = False
         self.accounting: Accounting | None = None
-        self.env_rank_cpu_share: list[float] | None = None  # per env rank, at the end
+        # Per env rank, at the end: CPU share, peak memory, JAX loaded (`env_rank_usage`).
+        self.env_rank_usage: dict[str, list] | None = None
         # With env.normalize_obs: the statistics each env rank normalized with at the end.
         self.env_rank_obs_normalizer: list[dict[str, Any]] | None = None
         self.env_rank_policy_params: list[int] | None = None  # per env rank, at the end
@@ -577,7 +578,7 @@ class Learner:
         )
         if self.text is not None:
             self.text.reconcile(reports)
-        self.env_rank_cpu_share = cpu_shares(reports)
+        self.env_rank_usage = env_rank_usage(reports)
         if self.inference is not None:
             self.inference.close()
         self.env_rank_policy_params = [int(r.get("policy_params", -1)) for r in reports]

@@ -33,7 +33,7 @@ from agentenv_jax.metrics.logger import (
     SteadyRate,
     progress_fields,
 )
-from agentenv_jax.metrics.process_usage import cpu_shares
+from agentenv_jax.metrics.process_usage import env_rank_usage
 from agentenv_jax.parallel.mesh import (
     BATCH_AXIS,
     make_mesh,
@@ -137,7 +137,8 @@ class ReplayLearner:
         self.episodes = 0
         self.done = False
         self.accounting: ReplayAccounting | None = None
-        self.env_rank_cpu_share: list[float] | None = None  # per env rank, at the end
+        # Per env rank, at the end: CPU share, peak memory, JAX loaded (`env_rank_usage`).
+        self.env_rank_usage: dict[str, list] | None = None
         self.last_record: dict[str, Any] = {}
         self._start_time = time.perf_counter()
         self.steady_rate = SteadyRate()  # steps/s once the first update has compiled
@@ -393,7 +394,7 @@ class ReplayLearner:
         self.accounting = ReplayAccounting.from_reports(
             reports, received=self.sampled, trained=self.trained, prefetched=prefetched
         )
-        self.env_rank_cpu_share = cpu_shares(reports)
+        self.env_rank_usage = env_rank_usage(reports)
         if self._progress is not None:
             self._progress.close()
         return self.accounting

@@ -15,7 +15,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-import jax
 import numpy as np
 
 from agentenv_jax.checkpoint import replay_files
@@ -34,6 +33,8 @@ STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR2)
 
 def state_checksum(state: Any) -> float:
     """A fingerprint of a train state: the float64 sum of |x| over its floating-point leaves."""
+    import jax  # here: env ranks read STOP_SIGNALS from this module
+
     leaves = [np.asarray(x) for x in jax.tree.leaves(jax.device_get(state))]
     return float(
         sum(

@@ -58,10 +58,11 @@ def write_summary(
         "compiled_programs": compiled.programs,
         "compile_cache_hits": compiled.cache_hits,
     }
-    if getattr(learner, "env_rank_cpu_share", None) is not None:
+    if getattr(learner, "env_rank_usage", None) is not None:
         # CPU seconds over wall seconds of each env rank's process, from its actor's start to
-        # its final report: what waiting ranks burn (in one process: the whole process).
-        summary["env_rank_cpu_share"] = learner.env_rank_cpu_share
+        # its final report: what waiting ranks burn; its peak resident memory, and whether it
+        # imported JAX (in one process: the whole process's).
+        summary |= learner.env_rank_usage
     if processes:
         summary["hosts"] = hosts_of(processes)
     if hasattr(learner, "obs_stats"):

@@ -15,7 +15,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from agentenv_jax.networks.distributions import ActionKind
+from agentenv_jax.envs.spaces import ActionKind
 from agentenv_jax.networks.initializers import (
     constant,
     init_on_host,
@@ -60,7 +60,7 @@ class ActorCritic(nn.Module):
     activation: str = "tanh"
     log_std_init: float = 0.0
     obs_ndim: int = 1  # rank of one observation; leading axes beyond it are batch axes
-    torso: str = "mlp"  # "mlp" (actor_hidden/critic_hidden), or a CNN of `torsos.CNN_TORSOS`
+    torso: str = "mlp"  # "mlp" (actor_hidden/critic_hidden), or a CNN of `torso_choice.CNN_TORSOS`
     image_obs: bool = False
     # Multi-agent centralised critics: the policy sees the first `actor_obs_dim` entries of a
     # (flat) observation, the critic all of them (None: both see all).

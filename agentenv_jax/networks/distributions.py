@@ -15,13 +15,13 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from typing import Literal, NamedTuple
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-ActionKind = Literal["discrete", "multi_discrete", "continuous"]
+from agentenv_jax.envs.spaces import ActionKind
 
 
 class ActionDistribution(NamedTuple):

@@ -11,7 +11,7 @@ import jax
 
 from agentenv_jax.networks.actor_critic import ActorCritic, apply_fn_of, make_actor_critic
 from agentenv_jax.networks.grouped import GroupedActorCritic, mask_unavailable_actions
-from agentenv_jax.networks.torsos import resolve_torso
+from agentenv_jax.networks.torso_choice import resolve_torso
 
 
 def actor_critic_for(

@@ -13,25 +13,11 @@ import numpy as np
 
 from agentenv_jax.networks.initializers import orthogonal, zeros
 
-CNN_TORSOS = ("nature_cnn", "impala_cnn")
 # Smallest side on which the Nature CNN's VALID convolutions leave at least one position:
 # 8x8/4 -> 4x4/2 -> 3x3/1 needs 36 pixels. Smaller images (MinAtar's 10x10, Catch) use SAME.
 NATURE_VALID_MIN_SIZE = 36
 
 _RELU_GAIN = float(np.sqrt(2))
-
-
-def resolve_torso(torso: str, image_obs: bool) -> str:
-    """The torso an experiment uses: `auto` is `nature_cnn` for image observations and `mlp`
-    otherwise; a CNN on non-image observations is a `ValueError` naming the field."""
-    if torso == "auto":
-        return "nature_cnn" if image_obs else "mlp"
-    if torso in CNN_TORSOS and not image_obs:
-        raise ValueError(
-            f"network.torso = {torso!r} needs image observations (a uint8 Box of shape (H, W) "
-            "or (H, W, C)): use 'mlp' or 'auto'"
-        )
-    return torso
 
 
 def _conv(features: int, kernel: int, stride: int, padding: str) -> nn.Conv:

@@ -23,12 +23,10 @@ import jax
 import numpy as np
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
 
+from agentenv_jax.config.errors import MeshError
+
 BATCH_AXIS = "data"  # batches are split along it
 MODEL_AXIS = "model"  # parameters are sharded along it (2-D meshes only)
-
-
-class MeshError(ValueError):
-    """A device count that does not fit the batch; the message says what would."""
 
 
 def choose_num_devices(

@@ -16,7 +16,8 @@ import jax
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from agentenv_jax.parallel.mesh import MODEL_AXIS, MeshError, replicated
+from agentenv_jax.config.errors import MeshError
+from agentenv_jax.parallel.mesh import MODEL_AXIS, replicated
 
 
 def model_axis_size(mesh: Mesh) -> int:

@@ -31,6 +31,7 @@ from agentenv_jax.learner.devices import learner_devices
 from agentenv_jax.metrics.compilation import CompileTotals, compile_totals, use_persistent_cache
 from agentenv_jax.metrics.summary import describe_topology, write_summary
 from agentenv_jax.runtime.doctor import jax_devices, runtime_record
+from agentenv_jax.runtime.policies import env_rank_leaf_paths, env_rank_uses_jax
 from agentenv_jax.runtime.roles import (
     plan_for,
     prepare_env_rank,
@@ -342,6 +343,15 @@ def _this_process() -> dict[int, dict[str, Any]]:
     return {0: {"pid": os.getpid(), "host": socket.gethostname(), "jax_devices": jax_devices()}}
 
 
+def _leaf_paths(config: ExperimentConfig, spaces: Any) -> Any:
+    """The lead learner's `env_rank_leaf_paths` for the env ranks, or None where it cannot be
+    built (the learner's own plan then fails and names why)."""
+    try:
+        return env_rank_leaf_paths(config, spaces)
+    except Exception:
+        return None
+
+
 def _check_learner_devices(outcomes: list[dict[str, Any]], learners: int) -> None:
     counts = [o["devices"] for o in outcomes[:learners]]
     if len(set(counts)) > 1:
@@ -372,8 +382,10 @@ def run_mpi(config: ExperimentConfig, resume: bool = False) -> TrainResult:
     world = MPIWorld()
     if world.size == 1:
         return run_single_process(config, resume)
-    compile_start = _start_compile_clock(config)
     topology = make_topology(config, world.size, world.rank)
+    # An env rank opens JAX's compilation cache only once it knows it will compile (below):
+    # one that acts in numpy never imports JAX.
+    compile_start = _start_compile_clock(config) if topology.is_learner else None
     config, group = _join_learners(config, world, topology)
     lead = topology.is_lead
     if topology.is_env_rank:
@@ -425,7 +437,10 @@ def run_mpi(config: ExperimentConfig, resume: bool = False) -> TrainResult:
             topology.learner_of_rank(world.rank),
             broadcast=_broadcasts_params(config, topology, processes, world.rank),
         )
-    plan = plan_for(config, topology, spaces, learner_outcome["replay_source"])
+    leaf_paths = world.broadcast_from_lead(_leaf_paths(config, spaces) if world.rank == 0 else None)
+    if topology.is_env_rank and env_rank_uses_jax(config, spaces, leaf_paths):
+        use_persistent_cache(config.run.compilation_cache, config.run.compilation_cache_dir)
+    plan = plan_for(config, topology, spaces, learner_outcome["replay_source"], leaf_paths)
 
     # Second agreement: building the roles can fail too (a checkpoint that does not fit).
     started = time.perf_counter()

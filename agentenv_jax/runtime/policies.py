@@ -23,7 +23,7 @@ def uses_numpy_inference(config: ExperimentConfig, spaces: EnvSpaces, layout: An
 
     from agentenv_jax.envs.factory import EnvError
     from agentenv_jax.networks.numpy_policy import NUMPY_MAX_MACS_PER_ROW, mlp_macs_per_row
-    from agentenv_jax.networks.torsos import resolve_torso
+    from agentenv_jax.networks.torso_choice import resolve_torso
 
     choice = config.topology.env_rank_inference
     mlp = resolve_torso(config.network.torso, spaces.is_image) == "mlp"
@@ -49,18 +49,19 @@ def uses_numpy_inference(config: ExperimentConfig, spaces: EnvSpaces, layout: An
     return mlp_macs_per_row(params) <= NUMPY_MAX_MACS_PER_ROW
 
 
-def build_actor_policy(config, topology, spaces, network=None):
+def build_actor_policy(config, topology, spaces, network=None, layout=None):
     """The actor-critic policy an env rank acts with (jitted, or numpy for small MLPs);
     `network` is `actor_critic_network(config, spaces)` when the caller already has it
-    (tracing the parameter layout costs tens of ms)."""
-    from agentenv_jax.actor.policy import NumpyActorPolicy
+    (tracing the parameter layout costs tens of ms). Given only the parameters' `layout`
+    (`FlatLayout.from_leaf_paths`, from the learner), a numpy policy is built without
+    importing JAX; the network is built only for a jitted or text policy."""
+    from agentenv_jax.actor.numpy_policy import NumpyActorPolicy
 
-    network = network or actor_critic_network(config, spaces)
-    module, _, layout = network
     index = topology.env_rank_index
     if spaces.text is not None:
         from agentenv_jax.actor.text_policy import TextPolicy
 
+        module, _, layout = network or actor_critic_network(config, spaces)
         return TextPolicy(
             module,
             layout.unravel,
@@ -70,6 +71,9 @@ def build_actor_policy(config, topology, spaces, network=None):
             topology.local_num_envs[index],
             length_bucket=getattr(config.algorithm, "length_bucket", 0),
         )
+    if layout is None:
+        network = network or actor_critic_network(config, spaces)
+        layout = network[2]
     # Sampling noise is seeded by (seed, global env offset): independent across env ranks.
     seed_sequence = [config.run.seed, topology.env_offsets[index]]
     if uses_numpy_inference(config, spaces, layout):
@@ -84,7 +88,32 @@ def build_actor_policy(config, topology, spaces, network=None):
             config.network.activation,
             spaces.is_image,
         )
-    return jitted_policy(spaces, network, seed_sequence)
+    return jitted_policy(spaces, network or actor_critic_network(config, spaces), seed_sequence)
+
+
+def env_rank_leaf_paths(config: ExperimentConfig, spaces) -> Any:
+    """What an on-policy env rank needs to know of the parameters without building the network
+    (the learner sends it at start-up): the flat layout's leaf paths and shapes
+    (`FlatLayout.leaf_paths`), or None where its policy is built with JAX in any case (text
+    models, SAC's squashed Gaussian)."""
+    if spaces.text is not None or config.algorithm.name == "sac":
+        return None
+    return actor_critic_network(config, spaces)[2].leaf_paths()
+
+
+def env_rank_uses_jax(config: ExperimentConfig, spaces, leaf_paths: Any) -> bool:
+    """Whether an env rank's policy is built with JAX (so JAX's compilation cache is worth
+    opening there), given the learner's `env_rank_leaf_paths`: not under central inference,
+    nor with the numpy policy."""
+    from agentenv_jax.networks.flat_params import FlatLayout
+
+    if spaces.text is not None or config.algorithm.name == "sac":
+        return True
+    if config.topology.inference == "learner":
+        return False
+    if leaf_paths is None:
+        return True
+    return not uses_numpy_inference(config, spaces, FlatLayout.from_leaf_paths(leaf_paths))
 
 
 def jitted_policy(spaces, network, seed_sequence, device=None):

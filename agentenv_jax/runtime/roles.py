@@ -53,7 +53,7 @@ def check_spaces_fit(config: ExperimentConfig, spaces: EnvSpaces, action_space: 
     SAC on non-Box actions or images, observation normalization of images, a CNN torso on
     non-image observations."""
     from agentenv_jax.envs.factory import EnvError
-    from agentenv_jax.networks.torsos import resolve_torso
+    from agentenv_jax.networks.torso_choice import resolve_torso
 
     env_id = config.env.id
     check_text_settings(config, spaces)
@@ -171,9 +171,11 @@ def build_actor(
     param_spec,
     network=None,
     inference_specs=None,
+    layout=None,
 ):
-    """An env rank's on-policy `Actor` (`network` as for `build_actor_policy`); with
-    `inference_specs` (request, reply), its policy asks the learner (`channel.inference_call`)."""
+    """An env rank's on-policy `Actor` (`network` and `layout` as for `build_actor_policy`);
+    with `inference_specs` (request, reply), its policy asks the learner
+    (`channel.inference_call`)."""
     from agentenv_jax.actor.loop import Actor
 
     if inference_specs is not None:
@@ -181,7 +183,7 @@ def build_actor(
 
         policy = RemotePolicy(channel.inference_call, *inference_specs)
     else:
-        policy = build_actor_policy(config, topology, spaces, network)
+        policy = build_actor_policy(config, topology, spaces, network, layout)
     index = topology.env_rank_index
     return Actor(
         vector_env,
@@ -222,14 +224,23 @@ class RolePlan:
     make_mpi_learner_channel: Callable[[Any], Any]  # (MPIWorld) -> channel
 
 
-def on_policy_plan(config: ExperimentConfig, topology: Topology, spaces) -> RolePlan:
+def on_policy_plan(
+    config: ExperimentConfig, topology: Topology, spaces, leaf_paths: Any = None
+) -> RolePlan:
+    """The on-policy plan; on an env rank, `leaf_paths` (`env_rank_leaf_paths`, sent by the
+    learner) spare it building the network, and with it importing JAX, unless its policy is
+    jitted."""
     from agentenv_jax.buffers.segment_queue import on_policy_segment_spec
-    from agentenv_jax.learner.loop import Learner
+    from agentenv_jax.networks.flat_params import FlatLayout
     from agentenv_jax.transport.inprocess import InProcessInference, InProcessTransport
     from agentenv_jax.transport.messages import param_message_spec
 
-    network = actor_critic_network(config, spaces)
-    num_params = network[2].num_params
+    if leaf_paths is not None and topology.is_env_rank:
+        network, layout = None, FlatLayout.from_leaf_paths(leaf_paths)
+    else:
+        network = actor_critic_network(config, spaces)
+        layout = network[2]
+    num_params = layout.num_params
     segment_specs = [
         on_policy_segment_spec(spaces, config.algorithm.rollout_length, n * spaces.agents)
         for n in topology.local_num_envs
@@ -336,8 +347,9 @@ def on_policy_plan(config: ExperimentConfig, topology: Topology, spaces) -> Role
             param_spec,
             network,
             specs[topology.env_rank_index] if central else None,
+            layout,
         ),
-        lambda channel, devices, writer, progress, group=None: Learner(
+        lambda channel, devices, writer, progress, group=None: _on_policy_learner(
             config,
             spaces,
             channel,
@@ -354,6 +366,13 @@ def on_policy_plan(config: ExperimentConfig, topology: Topology, spaces) -> Role
         mpi_actor_channel,
         mpi_learner_channel,
     )
+
+
+def _on_policy_learner(*args: Any) -> Any:
+    """The on-policy `Learner` (imported here: env ranks never load the learner's modules)."""
+    from agentenv_jax.learner.loop import Learner
+
+    return Learner(*args)
 
 
 def replay_plan(
@@ -489,7 +508,9 @@ def plan_for(
     topology: Topology,
     spaces,
     replay_source: tuple[int, int] | None = None,
+    leaf_paths: Any = None,
 ) -> RolePlan:
+    """The plan of `config`'s algorithm; `leaf_paths` as for `on_policy_plan`."""
     if config.algorithm.name == "sac":
         return replay_plan(config, topology, spaces, replay_source)
-    return on_policy_plan(config, topology, spaces)
+    return on_policy_plan(config, topology, spaces, leaf_paths)

@@ -7,7 +7,7 @@ import signal
 import sys
 import time
 
-from agentenv_jax.config.errors import ConfigError
+from agentenv_jax.config.errors import ConfigError, MeshError
 from agentenv_jax.runtime import supervisor
 from agentenv_jax.transport.launcher import LaunchError, launcher_rank
 
@@ -304,7 +304,6 @@ def main(argv: list[str] | None = None) -> int:
     from agentenv_jax.checkpoint.store import CheckpointError
     from agentenv_jax.envs.factory import EnvError
     from agentenv_jax.learner.guards import NonFiniteError
-    from agentenv_jax.parallel.mesh import MeshError
     from agentenv_jax.runtime.launch import (
         StartupError,
         abort_job,
