@@ -171,6 +171,27 @@ def test_topology_with_two_learners_splits_envs_learner_major():
         make_topology(config, world_size=3, rank=0)
 
 
+def test_env_ranks_feed_the_learners_by_host_when_there_are_several():
+    config = load_config(None, ["env.global_num_envs=12", "topology.num_learner_ranks=2"])
+    # Learners on two GPU hosts; env ranks on three CPU hosts, interleaved by rank as a
+    # launcher that cycles over hosts places them.
+    cpu = ["c1", "c2", "c3"] * 2
+    topo = make_topology(config, 8, 0, ["g1", "g2", *cpu])
+    assert topo.env_ranks_of(0) == [0, 1, 3] and topo.env_ranks_of(1) == [2, 4, 5]
+    # Learner 0's run holds all of c1 and one of c2's two env ranks, learner 1's the rest.
+    assert {cpu[i] for i in topo.env_ranks_of(0)} == {"c1", "c2"}
+    assert {cpu[i] for i in topo.env_ranks_of(1)} == {"c2", "c3"}
+    assert topo.local_num_envs == (2,) * 6 and topo.env_offsets == (0, 2, 6, 4, 8, 10)
+    assert topo.learner_major() == [0, 1, 3, 2, 4, 5]
+    assert [topo.learner_of_rank(r) for r in range(8)] == [0, 1, 0, 0, 1, 0, 1, 1]
+    # Env ranks on a learner's own host feed it.
+    local = make_topology(config, 6, 0, ["a", "b", "b", "a", "b", "a"])
+    assert local.env_ranks_of(0) == [1, 3] and local.env_ranks_of(1) == [0, 2]
+    # One host: round-robin, as without hosts.
+    same = make_topology(config, 6, 0, ["a"] * 6)
+    assert same.env_ranks_of(0) == [0, 2] and same.feeds == ()
+
+
 def test_config_reference_documents_every_field_of_every_section_and_algorithm():
     """Every field of every section, each algorithm's included, has a row whose meaning column
     (the last one, not the default) is filled from the schema's comment."""

@@ -432,7 +432,7 @@ class TopologyConfig:
     """How MPI ranks are split into roles; the env-rank count is the rest of the world."""
 
     # With L > 1 learners, they start JAX's distributed runtime among themselves and train on
-    # one global mesh of all their devices; env rank i feeds learner i % L.
+    # one global mesh of all their devices; env ranks feed them by host (`transport.topology`).
     num_learner_ranks: int = 1  # learner processes (ranks 0..L-1), one per accelerator host
     learner_devices: int = 0  # each learner's local JAX devices in the mesh (0: all local)
     # Axes and sizes of a 2-D learner mesh, e.g. {data: 2, model: 4}: batches split along data,

@@ -382,7 +382,8 @@ def run_mpi(config: ExperimentConfig, resume: bool = False) -> TrainResult:
     world = MPIWorld()
     if world.size == 1:
         return run_single_process(config, resume)
-    topology = make_topology(config, world.size, world.rank)
+    # Each rank's host first: which learner an env rank feeds (and so its envs) depends on it.
+    topology = make_topology(config, world.size, world.rank, world.allgather(socket.gethostname()))
     # An env rank opens JAX's compilation cache only once it knows it will compile (below):
     # one that acts in numpy never imports JAX.
     compile_start = _start_compile_clock(config) if topology.is_learner else None
