@@ -156,6 +156,25 @@ def run_job(
     return done, seconds
 
 
+def rank_memory_mb(marker: str, world: int) -> tuple[dict[int, float], dict[int, float]]:
+    """Resident MB of a job's processes (`agentenv_jax.workflow.cli train` with `marker` on the
+    command line), by pid: the ranks themselves, and under mpiexec their small supervisors
+    (`runtime.supervisor`; none in one process)."""
+    ranks, supervisors = {}, {}
+    for proc in Path("/proc").iterdir():
+        try:
+            cmdline = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+            if marker not in cmdline or "agentenv_jax.workflow.cli" not in cmdline:
+                continue
+            is_rank = world == 1 or b"AGENTENV_RANK_PROCESS=1" in (proc / "environ").read_bytes()
+            status = (proc / "status").read_text()
+            mb = int(status.split("VmRSS:")[1].split()[0]) / 1024
+            (ranks if is_rank else supervisors)[int(proc.name)] = mb
+        except (OSError, IndexError, ValueError):
+            continue
+    return ranks, supervisors
+
+
 def require_mpiexec() -> str:
     mpiexec = find_mpiexec()
     if mpiexec is None:

@@ -32,23 +32,6 @@ SIDES = {"1 process": 1, "1 env rank": 2, "2 env ranks": 3, "3 env ranks": 4}  #
 GOALS = {"2 env ranks": 1.7, "3 env ranks": 2.2}
 
 
-def _rank_memory_mb(marker: str, world: int) -> dict[int, float]:
-    """Resident MB of the job's rank processes (`agentenv_jax.workflow.cli train` with `marker`
-    on the command line; under mpiexec the ranks themselves, not their small supervisors), by
-    pid."""
-    found = {}
-    for proc in Path("/proc").iterdir():
-        try:
-            cmdline = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode()
-            is_rank = world == 1 or b"AGENTENV_RANK_PROCESS=1" in (proc / "environ").read_bytes()
-            if marker in cmdline and "agentenv_jax.workflow.cli" in cmdline and is_rank:
-                status = (proc / "status").read_text()
-                found[int(proc.name)] = int(status.split("VmRSS:")[1].split()[0]) / 1024
-        except (OSError, IndexError, ValueError):
-            continue
-    return found
-
-
 def run_side(world: int, args: argparse.Namespace, run_dir: Path, name: str) -> dict:
     settings = [
         "env.id=agentenv_jax.envs.slow:slow_cartpole",
@@ -63,7 +46,7 @@ def run_side(world: int, args: argparse.Namespace, run_dir: Path, name: str) -> 
     with common.job_environment() as env:
         process = subprocess.Popen(command, env=env, stderr=subprocess.PIPE, text=True)
         while process.poll() is None:
-            for pid, mb in _rank_memory_mb(str(run_dir), world).items():
+            for pid, mb in common.rank_memory_mb(str(run_dir), world)[0].items():
                 peak[pid] = max(peak.get(pid, 0.0), mb)
             time.sleep(0.5)
     if process.returncode != 0:
