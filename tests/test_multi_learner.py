@@ -15,6 +15,8 @@ import time
 
 import pytest
 
+from agentenv_jax.transport.messages import sample_answer_spec, sample_summary_spec
+
 from conftest import (
     REPO,
     agentenv_command,
@@ -204,6 +206,11 @@ def test_sac_with_two_learners_trains_from_their_partitions_and_reconciles(run_d
     last = json.loads((run_dir / "sac" / "metrics.jsonl").read_text().splitlines()[-1])
     assert last["replay/sampled"] <= 128 * (last["replay/inserted"] - 1000) + 128 * 2
     assert len(last["replay/partition_mass"]) == 2 and min(last["replay/partition_mass"]) > 0
+    # The learners exchange their partitions' summaries and one float each, never the rows:
+    # each trains on the rows its own partition drew.
+    summary_bytes = sample_summary_spec().nbytes
+    assert last["replay/learner_exchange_bytes"] == 2 * (summary_bytes + 8)
+    assert summary_bytes + 8 < sample_answer_spec(128, (3,), 1).nbytes // 10
 
 
 @pytest.mark.slow

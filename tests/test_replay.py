@@ -5,7 +5,14 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from agentenv_jax.buffers.replay import ReplayPartition, importance_weights, split_batch
+from agentenv_jax.buffers.replay import (
+    ReplayPartition,
+    draw_masses,
+    importance_weights,
+    split_batch,
+    split_batch_by_learner,
+)
+from agentenv_jax.transport.messages import sample_answer_spec, sample_summary_spec
 
 
 def make_partition(capacity=8, prioritized=True, n_step=1, gamma=0.5, num_envs=1):
@@ -99,6 +106,56 @@ def test_split_batch_is_multinomial_in_the_masses():
     counts = np.array([split_batch(64, np.array([1.0, 3.0, 0.0]), rng) for _ in range(2000)])
     assert np.all(counts.sum(1) == 64) and np.all(counts[:, 2] == 0)
     assert counts[:, 1].mean() == pytest.approx(48, rel=0.02)
+
+
+def test_learners_each_draw_their_share_from_their_own_partitions():
+    """Two learners of two partitions each: every draw gives each learner exactly half the
+    batch, spread over its partitions by their masses; an item's draw probability is its
+    mass over L times its learner's mass, which the weights use (checked on the empirical
+    frequencies of one item per partition)."""
+    masses = np.array([1.0, 3.0, 6.0, 2.0])
+    rng = np.random.default_rng(5)
+    counts = np.array(
+        [split_batch_by_learner(64, masses, [2, 2], rng) for _ in range(4000)], np.float64
+    )
+    assert np.all(counts[:, :2].sum(1) == 32) and np.all(counts[:, 2:].sum(1) == 32)
+    np.testing.assert_allclose(counts.mean(0), [8, 24, 24, 8], rtol=0.03)
+    np.testing.assert_array_equal(draw_masses(masses, [2, 2]), [8.0, 8.0, 16.0, 16.0])
+    # Per draw, a partition is drawn from with probability count / batch = its mass / draw mass.
+    np.testing.assert_allclose(counts.mean(0) / 64, masses / draw_masses(masses, [2, 2]), rtol=0.03)
+    # One learner: the global multinomial, as before.
+    single = split_batch_by_learner(64, masses, [4], np.random.default_rng(5))
+    np.testing.assert_array_equal(single, split_batch(64, masses, np.random.default_rng(5)))
+    np.testing.assert_array_equal(draw_masses(masses, [4]), [12.0] * 4)
+
+
+def test_weights_of_a_batch_drawn_in_parts_share_its_largest_weight():
+    priorities, mass = np.array([2.0, 1.0, 4.0]), np.array([8.0, 8.0, 16.0])
+    whole = importance_weights(priorities, mass, 10, beta=0.5)
+    # Learner 0 holds the first two rows, learner 1 the last: each normalizes by the smallest
+    # draw probability of the whole batch (here row 1's, 1/8), so the parts join up.
+    smallest = float((priorities / mass).min())
+    parts = np.concatenate(
+        [
+            importance_weights(priorities[:2], mass[:2], 10, 0.5, smallest),
+            importance_weights(priorities[2:], mass[2:], 10, 0.5, smallest),
+        ]
+    )
+    np.testing.assert_allclose(parts, whole, rtol=1e-6)
+    np.testing.assert_allclose(whole, [(2 / 8 / (1 / 8)) ** -0.5, 1.0, (4 / 16 / (1 / 8)) ** -0.5])
+
+
+def test_an_answers_first_bytes_are_its_summary():
+    answer_spec = sample_answer_spec(64, (3,), 2)
+    answer = answer_spec.allocate()
+    views = answer_spec.views(answer)
+    views["mass"][0], views["counters"][:] = 2.5, np.arange(len(views["counters"]))
+    views["num_episodes"][0], views["episode_return"][0] = 1, 7.0
+    summary_spec = sample_summary_spec()
+    summary = summary_spec.views(answer[: summary_spec.nbytes].copy())
+    assert summary["mass"][0] == 2.5 and summary["episode_return"][0] == 7.0
+    np.testing.assert_array_equal(summary["counters"], views["counters"])
+    assert summary_spec.nbytes < answer_spec.nbytes // 4  # the rows stay behind
 
 
 def test_snapshot_restore_round_trip_keeps_items_priorities_and_ring_order():

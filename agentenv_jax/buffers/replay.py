@@ -236,16 +236,27 @@ class ReplayPartition:
 
 
 def importance_weights(
-    priorities: np.ndarray, total_mass: float, num_items: int, beta: float
+    priorities: np.ndarray,
+    total_mass: float | np.ndarray,
+    num_items: int,
+    beta: float,
+    smallest_probability: float | None = None,
 ) -> np.ndarray:
     """Prioritized-replay importance weights `(N P(i))^-beta / max`, over the global buffer.
 
-    `priorities` are the sampled items' priority^alpha, `total_mass` the sum over every
-    partition, `num_items` the global item count; normalized by the batch maximum.
+    `priorities` are the sampled items' priority^alpha, `total_mass` the mass their draw was
+    in proportion to (`draw_masses`: the sum over every partition for one learner), `num_items`
+    the global item count; normalized by the batch maximum: that of these rows, or the one of
+    a batch drawn in parts whose smallest draw probability is `smallest_probability`.
     """
     probabilities = priorities / total_mass
     weights = (num_items * probabilities) ** (-beta)
-    return (weights / weights.max()).astype(np.float32)
+    largest = (
+        weights.max()
+        if smallest_probability is None
+        else ((num_items * smallest_probability) ** (-beta))
+    )
+    return (weights / largest).astype(np.float32)
 
 
 def split_batch(batch_size: int, masses: np.ndarray, rng: np.random.Generator) -> np.ndarray:
@@ -255,3 +266,37 @@ def split_batch(batch_size: int, masses: np.ndarray, rng: np.random.Generator) -
     if masses.sum() <= 0:
         raise ValueError("cannot split a batch over partitions that are all empty")
     return rng.multinomial(batch_size, masses / masses.sum())
+
+
+def split_batch_by_learner(
+    batch_size: int, masses: np.ndarray, per_learner: list[int], rng: np.random.Generator
+) -> np.ndarray:
+    """How many of a batch each partition draws when learners hold blocks of partitions
+    (`per_learner[l]` of them, learner-major) and each trains on an equal share of the rows,
+    all from its own: learner by learner, a multinomial of `batch_size / L` in its partitions'
+    masses (one learner: `split_batch`). Every learner computes the same counts from the same
+    generator. An item's probability per draw is then its mass over `L` times its learner's
+    (`draw_masses`), which the importance weights correct for."""
+    if len(per_learner) == 1:
+        return split_batch(batch_size, masses, rng)
+    share = batch_size // len(per_learner)
+    bounds = np.cumsum([0, *per_learner])
+    return np.concatenate(
+        [
+            split_batch(share, masses[start:end], rng)
+            for start, end in zip(bounds[:-1], bounds[1:], strict=True)
+        ]
+    )
+
+
+def draw_masses(masses: np.ndarray, per_learner: list[int]) -> np.ndarray:
+    """Per partition, the mass its items' draw probability is relative to under
+    `split_batch_by_learner`: `L` times the total mass of its learner's partitions (one
+    learner: the global mass)."""
+    bounds = np.cumsum([0, *per_learner])
+    return np.concatenate(
+        [
+            np.full(end - start, len(per_learner) * masses[start:end].sum())
+            for start, end in zip(bounds[:-1], bounds[1:], strict=True)
+        ]
+    )

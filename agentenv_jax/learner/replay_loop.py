@@ -20,7 +20,7 @@ import jax
 import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec
 
-from agentenv_jax.buffers.replay import importance_weights, split_batch
+from agentenv_jax.buffers.replay import draw_masses, importance_weights, split_batch_by_learner
 from agentenv_jax.config.schema import ExperimentConfig, SACConfig
 from agentenv_jax.envs.factory import EnvSpaces
 from agentenv_jax.learner.guards import check_finite
@@ -36,13 +36,14 @@ from agentenv_jax.metrics.logger import (
 from agentenv_jax.metrics.process_usage import env_rank_usage
 from agentenv_jax.parallel.mesh import (
     BATCH_AXIS,
+    local_rows,
     make_mesh,
     replicated,
     spans_processes,
     to_global,
 )
 from agentenv_jax.transport.base import LearnerGroup, SoloLearnerGroup, gather_final_reports
-from agentenv_jax.transport.messages import REPLAY_COUNTERS
+from agentenv_jax.transport.messages import REPLAY_COUNTERS, sample_summary_spec
 from agentenv_jax.transport.spec import MessageSpec
 
 BATCH_FIELDS = ("obs", "action", "reward", "next_obs", "discount")
@@ -52,12 +53,13 @@ class ReplayLearner:
     """Owns the SAC train state on the mesh; drives the sharded replay over a replay channel.
 
     With several learner processes (`group`), partitions are numbered learner-major
-    (`partitions_per_learner`) and each learner talks to its own. The learners exchange every
-    partition's answer each round, so all of them hold the same counters, masses, episodes and
-    global batch: the split over partitions is one multinomial draw over all of them (the same
-    generator on every learner), which is the split over learners by their total mass followed
-    by each learner's split over its own. Each learner feeds its block of the batch's rows to
-    the global mesh and sends priorities back to the partitions it holds.
+    (`partitions_per_learner`) and each learner talks to its own. Each round the learners
+    exchange only their partitions' summaries (masses, counters, episodes:
+    `sample_summary_spec`) and the smallest draw probability among their rows, so all of them
+    hold the same counters and masses; the rows stay where they were drawn. Each learner draws
+    an equal share of the batch from its own partitions (`split_batch_by_learner`, the same
+    generator on every learner), feeds those rows to the global mesh as its block, and sends
+    their priorities back; the importance weights correct for the per-learner draw.
     """
 
     def __init__(
@@ -82,6 +84,7 @@ class ReplayLearner:
         per_learner = partitions_per_learner or [len(local_num_envs)]
         first = sum(per_learner[: self._group.index])
         self._own = range(first, first + per_learner[self._group.index])  # global indices
+        self._per_learner = per_learner
         self.config = config
         self._algo = algo
         self._channel = channel
@@ -89,6 +92,8 @@ class ReplayLearner:
         self._request_spec = request_spec
         self._answer_spec = answer_spec
         self._priority_spec = priority_spec
+        self._summary_spec = sample_summary_spec()
+        self._exchange_bytes = 0  # what this learner received from the others' last round
         self._writer = writer
         self._progress = progress
         self._num_partitions = len(local_num_envs)
@@ -240,38 +245,49 @@ class ReplayLearner:
     def _next_counts(self) -> np.ndarray:
         inserted = self._counter("inserted")
         budget_left = self.env_steps < self.config.run.total_env_steps
+        # Every learner draws from its own partitions: each needs some mass.
         if (
             budget_left
-            and self._masses.sum() > 0
+            and draw_masses(self._masses, self._per_learner).min() > 0
             and may_sample(
                 self._algo.samples_per_insert, self.sampled, inserted, self._learning_starts()
             )
         ):
-            return split_batch(self._algo.batch_size, self._masses, self._rng)
+            return split_batch_by_learner(
+                self._algo.batch_size, self._masses, self._per_learner, self._rng
+            )
         return np.zeros(self._num_partitions, np.int64)
 
     def run_once(self) -> dict[str, Any] | None:
         """Take the answers to the last request, request the next batch, train on this one."""
         tick = time.perf_counter()
-        answers = self._all_answers(self._channel.wait_answers(self.config.run.transport_timeout_s))
-        self._wait_s += time.perf_counter() - tick
-        views = [self._answer_spec.views(a) for a in answers]
-        for i, answer in enumerate(views):
-            self._counters[i] = answer["counters"]
-            self._masses[i] = answer["mass"][0]
-            self._actor_seconds[i] = answer["actor_seconds"]
-            reported = int(min(answer["num_episodes"][0], len(answer["episode_return"])))
-            self._returns.extend(answer["episode_return"][:reported].tolist())
-            self._lengths.extend(answer["episode_length"][:reported].tolist())
-            self.episodes += int(answer["num_episodes"][0])
-        self._heard_from_partitions = True
+        answers = self._channel.wait_answers(self.config.run.transport_timeout_s)
+        own = [self._answer_spec.views(a) for a in answers]
         counts = self._requested
+        own_counts = counts[self._own.start : self._own.stop]
         batch = None
         if counts.sum() > 0:
             batch = {
-                name: np.concatenate([v[name][:c] for v, c in zip(views, counts, strict=True)])
+                name: np.concatenate([v[name][:c] for v, c in zip(own, own_counts, strict=True)])
                 for name in (*BATCH_FIELDS, "priority", "slot", "generation")
             }
+            # The mass these rows were drawn in proportion to (`draw_masses`), from this round's
+            # answers as the weights have always used.
+            batch["draw_mass"] = np.repeat(
+                self._group.size * sum(float(v["mass"][0]) for v in own), len(batch["priority"])
+            )
+        summaries, smallest = self._all_summaries(answers, own, batch)
+        self._wait_s += time.perf_counter() - tick
+        for i, summary in enumerate(summaries):
+            self._counters[i] = summary["counters"]
+            self._masses[i] = summary["mass"][0]
+            self._actor_seconds[i] = summary["actor_seconds"]
+            reported = int(min(summary["num_episodes"][0], len(summary["episode_return"])))
+            self._returns.extend(summary["episode_return"][:reported].tolist())
+            self._lengths.extend(summary["episode_length"][:reported].tolist())
+            self.episodes += int(summary["num_episodes"][0])
+        self._heard_from_partitions = True
+        if batch is not None:
             self.sampled += int(counts.sum())
         # Prefetch: the partitions draw the next batch while this one trains.
         self._send_requests(self._next_counts())
@@ -282,44 +298,71 @@ class ReplayLearner:
             if not self.done and self._requested.sum() == 0:
                 self._channel.idle()
             return None
-        return self._train(batch, counts)
+        return self._train(batch, own_counts, int(counts.sum()), smallest)
 
-    def _all_answers(self, own: list[np.ndarray]) -> list[np.ndarray]:
-        """Every partition's answer this round, learner-major (with one learner: its own)."""
+    def _all_summaries(
+        self,
+        answers: list[np.ndarray],
+        own: list[dict[str, np.ndarray]],
+        batch: dict[str, np.ndarray] | None,
+    ) -> tuple[list[dict[str, np.ndarray]], float | None]:
+        """Every partition's summary this round, learner-major, and the smallest draw
+        probability among the whole batch's rows (None with one learner: the weights take the
+        batch's own maximum). Several learners exchange these alone: a summary per partition
+        and one float each."""
         if self._group.size == 1:
-            return own
-        size = self._answer_spec.nbytes
-        return [
-            block[start : start + size]
-            for block in self._group.exchange(np.concatenate(own))
-            for start in range(0, len(block), size)
-        ]
+            return own, None
+        smallest = np.inf
+        if batch is not None and len(batch["priority"]):
+            smallest = float((batch["priority"] / batch["draw_mass"]).min())
+        size = self._summary_spec.nbytes
+        block = np.concatenate(
+            [*(answer[:size] for answer in answers), np.array([smallest]).view(np.uint8)]
+        )
+        summaries, probabilities = [], []
+        gathered = self._group.exchange(block)
+        self._exchange_bytes = sum(b.nbytes for b in gathered)
+        for learner_block in gathered:
+            probabilities.append(learner_block[-8:].view(np.float64)[0])
+            for start in range(0, len(learner_block) - 8, size):
+                summaries.append(self._summary_spec.views(learner_block[start : start + size]))
+        return summaries, float(min(probabilities))
 
     def _on_mesh(self, batch: dict[str, np.ndarray]) -> dict[str, Any]:
-        """The batch as the update takes it: with several learners, each contributes its
-        block of rows to the global array."""
+        """The batch as the update takes it: with several learners, each one's rows are its
+        block of the global array."""
         if not self._global_batch:
             return batch
-        rows = len(batch["weight"]) // self._group.size
-        block = slice(self._group.index * rows, (self._group.index + 1) * rows)
-        return {name: to_global(self._row_sharding, v[block]) for name, v in batch.items()}
+        return {name: to_global(self._row_sharding, v) for name, v in batch.items()}
 
-    def _train(self, batch: dict[str, np.ndarray], counts: np.ndarray) -> dict[str, Any]:
+    def _train(
+        self,
+        batch: dict[str, np.ndarray],
+        counts: np.ndarray,
+        total_rows: int,
+        smallest_probability: float | None,
+    ) -> dict[str, Any]:
+        """One update on this learner's `counts` rows of its partitions (`total_rows` over
+        every learner's)."""
         algo = self._algo
         if algo.prioritized:
             progress = min(1.0, self.updates / self.num_updates)
             beta = algo.priority_beta + (1.0 - algo.priority_beta) * progress
             weights = importance_weights(
-                batch["priority"], float(self._masses.sum()), self._counter("size"), beta
+                batch["priority"],
+                batch["draw_mass"],
+                self._counter("size"),
+                beta,
+                smallest_probability,
             )
         else:
             weights = np.ones(len(batch["reward"]), np.float32)
         device_batch = {name: batch[name] for name in BATCH_FIELDS} | {"weight": weights}
         tick = time.perf_counter()
         self.state, metrics, td_errors = self._update(self.state, self._on_mesh(device_batch))
-        td_errors = np.asarray(td_errors)
+        td_errors = local_rows(td_errors)
         self._update_s += time.perf_counter() - tick
-        self.trained += len(td_errors)
+        self.trained += total_rows
         self.updates += 1
         if not np.all(np.isfinite(td_errors)):
             # Metrics are fetched only every log_interval; fetch them now to name the term.
@@ -329,15 +372,15 @@ class ReplayLearner:
             )
         if algo.prioritized:
             offset = 0
-            for i, count in enumerate(counts):
+            for i, count in enumerate(counts):  # this learner's own partitions
                 fields = self._priority_spec.views(self._priorities)
                 fields["count"][0] = count
                 rows = slice(offset, offset + count)
                 fields["slot"][:count] = batch["slot"][rows]
                 fields["generation"][:count] = batch["generation"][rows]
                 fields["td_error"][:count] = td_errors[rows]
-                if count and i in self._own:
-                    self._channel.send_priorities(i - self._own.start, self._priorities)
+                if count:
+                    self._channel.send_priorities(i, self._priorities)
                 offset += count
         if self.updates % algo.param_broadcast_interval == 0:
             self._broadcast()
@@ -368,6 +411,8 @@ class ReplayLearner:
             "replay/samples_per_insert": self.sampled / max(inserted, 1),
             "replay/partition_mass": self._masses.tolist(),
             "replay/stale_priority_updates": self._counter("stale_priority_updates"),
+            # Bytes gathered from every learner per round (summaries only; 0 with one learner).
+            "replay/learner_exchange_bytes": self._exchange_bytes,
             **metrics,
             "time/learner_wait_s": self._wait_s,
             "time/learner_update_s": self._update_s,

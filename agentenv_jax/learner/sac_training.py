@@ -23,7 +23,6 @@ from agentenv_jax.parallel.mesh import (
     place_on_mesh,
     replicated,
     row_constraint,
-    spans_processes,
 )
 
 
@@ -80,13 +79,12 @@ def make_sac_training(
 
     state_sharding = replicated(mesh)
     row_sharding = NamedSharding(mesh, PartitionSpec(BATCH_AXIS))
-    # With several learner processes each needs every row's TD error (for the priorities of
-    # its own partitions): they come back replicated.
-    td_sharding = state_sharding if spans_processes(mesh) else row_sharding
+    # TD errors stay sharded like the rows: each learner reads back those of its own rows,
+    # which came from its own partitions (`ReplayLearner`).
     jitted_update = jax.jit(
         update,
         in_shardings=(state_sharding, row_sharding),
-        out_shardings=(state_sharding, state_sharding, td_sharding),
+        out_shardings=(state_sharding, state_sharding, row_sharding),
         donate_argnums=(0,),
     )
     abstract_state = jax.eval_shape(

@@ -135,6 +135,15 @@ def to_global(sharding: NamedSharding, local: np.ndarray) -> jax.Array:
     return jax.make_array_from_process_local_data(sharding, local)
 
 
+def local_rows(array: jax.Array) -> np.ndarray:
+    """This process's rows of an array sharded by rows over the mesh (`to_global`'s inverse:
+    its block, in order), as numpy; the whole array where every shard is this process's."""
+    if array.is_fully_addressable:
+        return np.asarray(array)
+    shards = sorted(array.addressable_shards, key=lambda shard: shard.index[0].start or 0)
+    return np.concatenate([np.asarray(shard.data) for shard in shards])
+
+
 def place_on_mesh(mesh: Mesh, tree: Any, shardings: Any = None) -> Any:
     """A pytree (the same on every process) put on the mesh with `shardings` (a pytree of
     them, or one for all leaves; replicated by default)."""

@@ -63,19 +63,33 @@ def sample_request_spec() -> MessageSpec:
     )
 
 
+def _answer_summary_fields() -> list[FieldSpec]:
+    return [
+        FieldSpec("request_id", (1,), np.int64),
+        FieldSpec("count", (1,), np.int64),
+        FieldSpec("mass", (1,), np.float64),
+        FieldSpec("counters", (len(REPLAY_COUNTERS),), np.int64),
+        FieldSpec("actor_seconds", (3,), np.float64),  # cumulative env, inference, serving time
+        FieldSpec("num_episodes", (1,), np.int64),
+        FieldSpec("episode_return", (MAX_EPISODES_PER_ANSWER,), np.float32),
+        FieldSpec("episode_length", (MAX_EPISODES_PER_ANSWER,), np.int32),
+    ]
+
+
+def sample_summary_spec() -> MessageSpec:
+    """What learners tell each other of a partition's answer (`ReplayLearner`): its mass,
+    counters and episodes, without the sampled rows. An answer begins with these fields, so
+    its first `nbytes` bytes are its summary."""
+    return MessageSpec(_answer_summary_fields())
+
+
 def sample_answer_spec(max_rows: int, obs_shape: tuple[int, ...], action_dim: int) -> MessageSpec:
     """Partition -> learner: up to `max_rows` sampled items, the partition's priority mass and
-    counters (reported with every answer), and the episodes it finished since its last answer."""
+    counters (reported with every answer), and the episodes it finished since its last answer
+    (the summary's fields, first)."""
     return MessageSpec(
         [
-            FieldSpec("request_id", (1,), np.int64),
-            FieldSpec("count", (1,), np.int64),
-            FieldSpec("mass", (1,), np.float64),
-            FieldSpec("counters", (len(REPLAY_COUNTERS),), np.int64),
-            FieldSpec("actor_seconds", (3,), np.float64),  # cumulative env, inference, serving time
-            FieldSpec("num_episodes", (1,), np.int64),
-            FieldSpec("episode_return", (MAX_EPISODES_PER_ANSWER,), np.float32),
-            FieldSpec("episode_length", (MAX_EPISODES_PER_ANSWER,), np.int32),
+            *_answer_summary_fields(),
             FieldSpec("slot", (max_rows,), np.int64),
             FieldSpec("generation", (max_rows,), np.int64),
             FieldSpec("item_id", (max_rows,), np.int64),
