@@ -72,9 +72,9 @@ def part_a(args: argparse.Namespace) -> dict[str, Any]:
     one = run_part("learner", args, 1, xla_devices=MESH_DEVICES)
     two = run_part("learner", args, 2, xla_devices=MESH_DEVICES // 2)
     rows = []
-    for net in args.a_nets:
-        side1 = next(r for r in one if r["net"] == net)
-        side2 = [r for r in two if r["net"] == net]
+    for net, mode in ((net, mode) for net in args.a_nets for mode in args.a_gradient_sync):
+        side1 = next(r for r in one if r["net"] == net and r["gradient_sync"] == mode)
+        side2 = [r for r in two if r["net"] == net and r["gradient_sync"] == mode]
         per_block2 = [max(b) for b in zip(*(r["block_s"] for r in side2), strict=True)]
         update1 = common.median(side1["block_s"]) / side1["updates_per_block"]
         update2 = common.median(per_block2) / side1["updates_per_block"]
@@ -92,6 +92,7 @@ def part_a(args: argparse.Namespace) -> dict[str, Any]:
         rows.append(
             {
                 "net": net,
+                "gradient_sync": mode,
                 "params": side1["params"],
                 "rows": side1["rows"],
                 "grad_steps": grad_steps,
@@ -135,7 +136,12 @@ def part_b(args: argparse.Namespace, a: dict[str, Any] | None, root: Path) -> di
         flush=True,
     )
     t = calibration["rollout_length"]
-    small = next((r for r in a["nets"] if r["net"] == "64x64"), None) if a else None
+    # The learners' default for this update (one_psum) where part A clocked it.
+    small = None
+    if a:
+        candidates = [r for r in a["nets"] if r["net"] == "64x64"]
+        small = next((r for r in candidates if r["gradient_sync"] == "one_psum"), None)
+        small = small or next(iter(candidates), None)
     units = UnitCosts(
         step_s=env[args.step_ms],
         vec_cpu_s=calibration["time/actor_env_step_s"] / t,
@@ -179,6 +185,13 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--a-envs", type=int, default=64, help="part A rollout: T x this envs")
     parser.add_argument("--a-updates", type=int, default=3, help="part A updates per block")
     parser.add_argument("--a-blocks", type=int, default=5, help="part A timed blocks (median)")
+    parser.add_argument(
+        "--a-gradient-sync",
+        nargs="+",
+        choices=["xla", "one_psum"],
+        default=["xla", "one_psum"],
+        help="part A's topology.gradient_sync settings, each clocked on both sides",
+    )
     parser.add_argument(
         "--allreduce-calls", type=int, default=100, help="all-reduces timed (median)"
     )

@@ -29,31 +29,51 @@ def print_part_a(a: dict[str, Any], args: argparse.Namespace) -> None:
     )
     print_table(
         [
-            "network", "params", "rows/update", "side 1 samples/s", "side 2 samples/s",
-            "side 2 ÷ side 1", "model ÷, gradient only", "model ÷, collectives",
+            "network", "gradient_sync", "params", "rows/update", "side 1 samples/s",
+            "side 2 samples/s", "side 2 ÷ side 1 (goal ≥ 0.8)", "model ÷, gradient only",
+            "model ÷, collectives",
         ],
-        "lrrrrrrr",
+        "llrrrrrrr",
         (
             [
-                r["net"], f"{r['params']:,}", f"{r['rows']:,}", f"{r['samples1']:,.0f}",
-                f"{r['samples2']:,.0f}", f"{r['ratio']:.2f}", f"{r['model_gradient_ratio']:.2f}",
-                f"{r['model_collectives_ratio']:.2f}",
+                r["net"], r["gradient_sync"], f"{r['params']:,}", f"{r['rows']:,}",
+                f"{r['samples1']:,.0f}", f"{r['samples2']:,.0f}",
+                f"{r['ratio']:.2f} {'ok' if r['ratio'] >= 0.8 else 'MISS'}",
+                f"{r['model_gradient_ratio']:.2f}", f"{r['model_collectives_ratio']:.2f}",
             ]
             for r in a["nets"]
         ),
     )  # fmt: skip
+    by_mode = {(r["net"], r["gradient_sync"]): r for r in a["nets"]}
+    nets = list(dict.fromkeys(r["net"] for r in a["nets"]))
+    if all((net, mode) in by_mode for net in nets for mode in ("xla", "one_psum")):
+        print()
+        print_table(
+            ["network", "one_psum ÷ xla, 1 process", "one_psum ÷ xla, 2 processes"],
+            "lrr",
+            (
+                [
+                    net,
+                    f"{by_mode[net, 'one_psum']['samples1'] / by_mode[net, 'xla']['samples1']:.2f}",
+                    f"{by_mode[net, 'one_psum']['samples2'] / by_mode[net, 'xla']['samples2']:.2f}",
+                ]
+                for net in nets
+            ),
+        )
     print()
     print_table(
         [
             "network",
+            "gradient_sync",
             "collectives per update (side 2, from the compiled program)",
             "all-reduce of the gradient, 1 proc / 2 procs (µs)",
             "all-reduce of 1 float, 1 proc / 2 procs (µs)",
         ],
-        "llrr",
+        "lllrr",
         (
             [
                 r["net"],
+                r["gradient_sync"],
                 f"{r['collective_operands']} ("
                 + ", ".join(f"{count} {kind}" for kind, count in r["collectives"].items())
                 + ")",

@@ -47,8 +47,9 @@ def synthetic_rollout(rng: np.random.Generator, t_len: int, envs: int) -> dict[s
     }
 
 
-def update_on(mesh: Any, net: str) -> tuple[Any, Any, int, int]:
-    """The config's PPO update for a `net` MLP, jitted over `mesh` as the learner jits it; its
+def update_on(mesh: Any, net: str, gradient_sync: str = "auto") -> tuple[Any, Any, int, int]:
+    """The config's PPO update for a `net` MLP, jitted over `mesh` as the learner jits it
+    (`topology.gradient_sync`: auto takes one_psum on a mesh of several devices); its
     replicated initial state, the parameter count and the gradient steps per update."""
     import jax
     import jax.numpy as jnp
@@ -58,15 +59,23 @@ def update_on(mesh: Any, net: str) -> tuple[Any, Any, int, int]:
     from agentenv_jax.learner.loop import jit_sharded_update
     from agentenv_jax.learner.on_policy_model import make_on_policy_update
     from agentenv_jax.networks import action_distribution, init_params, make_actor_critic
-    from agentenv_jax.parallel.mesh import replicated, row_constraint
+    from agentenv_jax.parallel.mesh import BATCH_AXIS, replicated, row_constraint
 
     config = load_config(CONFIG)
+    if gradient_sync == "auto":  # as `gradient_data_axis` decides for this PPO MLP
+        gradient_sync = "one_psum" if mesh.shape[BATCH_AXIS] > 1 else "xla"
+    data_axis = BATCH_AXIS if gradient_sync == "one_psum" else None
     hidden = _hidden(net)
     module, apply_fn = make_actor_critic(
         "discrete", NUM_ACTIONS, 1, hidden, hidden, config.network.activation, 0.0
     )
     update, optimizer = make_on_policy_update(
-        config, apply_fn, action_distribution("discrete"), 1000, row_constraint(mesh)
+        config,
+        apply_fn,
+        action_distribution("discrete"),
+        1000,
+        row_constraint(mesh),
+        data_axis=data_axis,
     )
     params = init_params(module, (OBS_DIM,), jax.random.PRNGKey(0))
     state = TrainState(
@@ -76,7 +85,7 @@ def update_on(mesh: Any, net: str) -> tuple[Any, Any, int, int]:
     grad_steps = config.algorithm.num_epochs * config.algorithm.num_minibatches
     # Host values, the same on every process, replicated over the (possibly global) mesh.
     state = jax.device_put(jax.device_get(state), replicated(mesh))
-    return jit_sharded_update(update, mesh), state, num_params, grad_steps
+    return jit_sharded_update(update, mesh, None, data_axis), state, num_params, grad_steps
 
 
 def clock_updates(update: Any, state: Any, place: Any, count: int, barrier: Any) -> tuple:

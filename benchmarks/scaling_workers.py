@@ -11,7 +11,6 @@ from typing import Any
 
 import common
 import numpy as np
-from hlo_collectives import collective_operands
 from scaling_update import (
     NUM_ACTIONS,
     WARMUP_UPDATES,
@@ -20,6 +19,8 @@ from scaling_update import (
     synthetic_rollout,
     update_on,
 )
+
+from agentenv_jax.parallel.hlo_collectives import collective_operands
 
 RESULT_PREFIX = "SCALING_MODEL_RESULT "
 MESH_DEVICES = 4  # part A: both sides train on 4 CPU devices
@@ -93,32 +94,34 @@ def learner_worker(args: argparse.Namespace) -> None:
         return {name: to_global(shardings[name], value) for name, value in local.items()}
 
     for net in args.a_nets:
-        update, state, num_params, grad_steps = update_on(mesh, net)
-        update = update.lower(state, place()).compile()
-        collectives = collective_operands(update.as_text())
-        state, _ = clock_updates(update, state, place, WARMUP_UPDATES, barrier)
-        blocks = []
-        for _ in range(args.a_blocks):
-            state, seconds = clock_updates(update, state, place, args.a_updates, barrier)
-            blocks.append(seconds)
-        result = {
-            "net": net,
-            "process": index,
-            "processes": processes,
-            "mesh_devices": len(mesh.devices.flat),
-            "rows": config_t * args.a_envs,
-            "params": num_params,
-            "grad_steps": grad_steps,
-            "updates_per_block": args.a_updates,
-            "block_s": blocks,
-            "collectives": collectives,
-            "allreduce_s": clock_allreduce(mesh, num_params, args.allreduce_calls, barrier),
-            "allreduce_scalar_s": clock_allreduce(mesh, 1, args.allreduce_calls, barrier),
-        }
-        for each in gather(result):
-            print(RESULT_PREFIX + json.dumps(each), flush=True)
-        del update, state
-        jax.clear_caches()
+        for mode in args.a_gradient_sync:
+            update, state, num_params, grad_steps = update_on(mesh, net, mode)
+            update = update.lower(state, place()).compile()
+            collectives = collective_operands(update.as_text())
+            state, _ = clock_updates(update, state, place, WARMUP_UPDATES, barrier)
+            blocks = []
+            for _ in range(args.a_blocks):
+                state, seconds = clock_updates(update, state, place, args.a_updates, barrier)
+                blocks.append(seconds)
+            result = {
+                "net": net,
+                "gradient_sync": mode,
+                "process": index,
+                "processes": processes,
+                "mesh_devices": len(mesh.devices.flat),
+                "rows": config_t * args.a_envs,
+                "params": num_params,
+                "grad_steps": grad_steps,
+                "updates_per_block": args.a_updates,
+                "block_s": blocks,
+                "collectives": collectives,
+                "allreduce_s": clock_allreduce(mesh, num_params, args.allreduce_calls, barrier),
+                "allreduce_scalar_s": clock_allreduce(mesh, 1, args.allreduce_calls, barrier),
+            }
+            for each in gather(result):
+                print(RESULT_PREFIX + json.dumps(each), flush=True)
+            del update, state
+            jax.clear_caches()
 
 
 def cost_envs(args: argparse.Namespace) -> list[int]:

@@ -4,11 +4,14 @@ device; run by tests/test_multi_learner.py as `mpiexec -n 2` with 2 host devices
 Both processes start JAX's distributed runtime the way learners do (the coordinator address
 agreed over their MPI communicator, gloo collectives). For PPO they build the same random
 rollout and each contributes its half of the env axis to the global rollout on the 4-device
-mesh; for SAC (`pendulum_sac`'s networks and optimizers, as the replay learner builds them)
+mesh; the same with `data_axis` (`topology.gradient_sync: one_psum`) against that update's
+4 shards emulated on one device, and both compiled programs' collectives counted; for SAC
+(`pendulum_sac`'s networks and optimizers, as the replay learner builds them)
 each contributes its half of the rows of a random replay batch, as each learner does with the
 rows it drew from its own env ranks' partitions. Each process also runs the same updates on one
 of its own devices. Prints `RESULT {json}` on every rank: `max_param_diff` and `loss_diff` for
-PPO, `sac_max_param_diff` for SAC.
+PPO, `one_psum_max_param_diff` and the all-reduce counts for one_psum, `sac_max_param_diff`
+for SAC.
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ from agentenv_jax.learner.replay_loop import BATCH_FIELDS
 from agentenv_jax.learner.sac_training import make_sac_training
 from agentenv_jax.networks import action_distribution
 from agentenv_jax.parallel.distributed import start_distributed
+from agentenv_jax.parallel.hlo_collectives import collective_operands
 from agentenv_jax.parallel.mesh import (
     BATCH_AXIS,
     make_mesh,
@@ -41,7 +45,7 @@ from agentenv_jax.parallel.mesh import (
 from agentenv_jax.transport.mpi import MPIWorld
 from agentenv_jax.transport.mpi.learners import split_learner_group
 
-from test_ppo import make_rollout, make_update_setup
+from test_ppo import make_rollout, make_update_setup, shards_emulated
 
 UPDATES = 3
 ENVS = 8
@@ -52,7 +56,9 @@ def initial_params() -> list[np.ndarray]:
     return [np.asarray(x) for x in jax.tree.leaves(state.params)]
 
 
-def run_updates(mesh, rollout) -> tuple[list[np.ndarray], dict[str, float]]:
+def run_updates(mesh, rollout, data_axis=None) -> tuple[list[np.ndarray], dict[str, float], int]:
+    """`UPDATES` updates on `mesh`: the parameters, the last metrics and the all-reduces one
+    call of the compiled update runs."""
     apply_fn, optimizer, hp, state = make_update_setup(num_minibatches=2, seed=3)
     update = jit_sharded_update(
         make_ppo_update(
@@ -61,14 +67,33 @@ def run_updates(mesh, rollout) -> tuple[list[np.ndarray], dict[str, float]]:
             optimizer,
             hp,
             constrain_rows=row_constraint(mesh),
+            data_axis=data_axis,
         ),
         mesh,
+        None,
+        data_axis,
     )
     state = place_on_mesh(mesh, state)
+    compiled = update.lower(state, rollout).compile()
+    all_reduces = collective_operands(compiled.as_text()).get("all-reduce", 0)
     for _ in range(UPDATES):
-        state, metrics = update(state, rollout)
+        state, metrics = compiled(state, rollout)
     params = [np.asarray(x) for x in jax.tree.leaves(state.params)]
-    return params, {k: float(v) for k, v in jax.device_get(metrics).items()}
+    return params, {k: float(v) for k, v in jax.device_get(metrics).items()}, all_reduces
+
+
+def emulated_one_psum_updates(rollout, shards: int) -> list[np.ndarray]:
+    """The one_psum update's `shards` shards run on one device (`shards_emulated`)."""
+    apply_fn, optimizer, hp, state = make_update_setup(num_minibatches=2, seed=3)
+    update = shards_emulated(
+        make_ppo_update(
+            apply_fn, action_distribution("discrete"), optimizer, hp, data_axis=BATCH_AXIS
+        ),
+        shards,
+    )
+    for _ in range(UPDATES):
+        state, _ = update(state, rollout)
+    return [np.asarray(x) for x in jax.tree.leaves(state.params)]
 
 
 # Pendulum-v1's spaces: 3 observations, one torque in [-2, 2].
@@ -141,10 +166,13 @@ def main() -> None:
         for name, value in rollout.items()
     }
     global_rollout = {name: to_global(shardings[name], v) for name, v in local_block.items()}
-    global_params, global_metrics = run_updates(global_mesh, global_rollout)
+    global_params, global_metrics, xla_all_reduces = run_updates(global_mesh, global_rollout)
+    one_psum_params, _, one_psum_all_reduces = run_updates(global_mesh, global_rollout, BATCH_AXIS)
+    with jax.default_device(jax.local_devices()[0]):
+        emulated_params = emulated_one_psum_updates(rollout, len(global_mesh.devices.flat))
 
     one_device = make_mesh(1, jax.local_devices()[:1])
-    local_params, local_metrics = run_updates(one_device, rollout)
+    local_params, local_metrics, _ = run_updates(one_device, rollout)
 
     leaf = global_rollout["obs"]
     print(
@@ -165,6 +193,17 @@ def main() -> None:
                     for a, b in zip(global_params, initial_params(), strict=True)
                 ),
                 "loss_diff": abs(global_metrics["loss/total"] - local_metrics["loss/total"]),
+                "one_psum_max_param_diff": max(
+                    float(np.abs(a - b).max())
+                    for a, b in zip(one_psum_params, emulated_params, strict=True)
+                ),
+                "one_psum_vs_xla_max_diff": max(
+                    float(np.abs(a - b).max())
+                    for a, b in zip(one_psum_params, global_params, strict=True)
+                ),
+                "gradient_steps": 3 * 2,  # make_update_setup's epochs x minibatches
+                "one_psum_all_reduces": one_psum_all_reduces,
+                "xla_all_reduces": xla_all_reduces,
             }
             | sac_results(group.index)
         ),

@@ -60,6 +60,13 @@ def test_update_on_a_global_mesh_of_two_processes_equals_the_one_device_update()
         assert result["max_param_change"] > 1e-3  # the updates did move the parameters
         assert result["max_param_diff"] < 1e-5
         assert result["loss_diff"] < 1e-5
+        # one_psum: the 4 shards' update is the one emulated on one device (and, shuffling
+        # within shards, not the xla one); one all-reduce per gradient step and one for the
+        # minibatches' statistics, where XLA's own reduction runs dozens.
+        assert result["one_psum_max_param_diff"] < 1e-5
+        assert result["one_psum_vs_xla_max_diff"] > 1e-4
+        assert result["one_psum_all_reduces"] == result["gradient_steps"] + 1
+        assert result["xla_all_reduces"] > 5 * result["gradient_steps"]
         # SAC: each of the two learners feeds half the batch's rows to a mesh of one device each.
         assert result["sac_mesh_devices"] == 2
         assert result["sac_max_param_change"] > 1e-3 and result["sac_max_param_diff"] < 1e-5

@@ -36,6 +36,7 @@ _ATTENTION: tuple[LoRATarget, ...] = ("q_proj", "k_proj", "v_proj", "o_proj")
 InferencePlace = Literal["env_ranks", "learner"]
 InferenceServing = Literal["thread", "between_rounds"]
 ParamSync = Literal["auto", "broadcast", "point_to_point"]
+GradientSync = Literal["auto", "xla", "one_psum"]
 WandbMode = Literal["auto", "online", "offline"]
 
 
@@ -457,6 +458,14 @@ class TopologyConfig:
     # on one host, where a send is a shared-memory copy its receiver makes (and measured
     # here, cheaper for the learner than a broadcast: docs/benchmarks.md).
     param_sync: ParamSync = "auto"  # auto, broadcast or point_to_point
+    # How PPO's gradient steps are reduced over the mesh's data axis: xla shuffles the rows
+    # across the whole mesh and XLA reduces each gradient leaf on its own (the one-device
+    # update); one_psum has each data shard shuffle its own rows (a minibatch is every shard's
+    # part of it, the statistics its loss divides by global) and sums each step's raveled
+    # gradients in one all-reduce; auto takes one_psum wherever it applies (PPO on a 1-D mesh
+    # of several devices: 5x the samples/s of xla on 4 CPU devices in one process, 7x across
+    # two; docs/benchmarks.md) and xla otherwise (IMPALA, text, a model axis, one device).
+    gradient_sync: GradientSync = "auto"  # auto, xla or one_psum
 
     @property
     def model_axis(self) -> int:

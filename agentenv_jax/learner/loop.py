@@ -14,7 +14,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from jax.experimental import multihost_utils
-from jax.sharding import Mesh
+from jax.sharding import Mesh, PartitionSpec
 
 from agentenv_jax.algorithms.ppo import (
     TrainState,
@@ -27,7 +27,11 @@ from agentenv_jax.envs.text.padding import trim_text_rollout, trimmed_lengths
 from agentenv_jax.learner.ahead_of_time import CompiledAhead
 from agentenv_jax.learner.group_refill import informative_mask, refilled_rollout
 from agentenv_jax.learner.guards import check_finite
-from agentenv_jax.learner.on_policy_model import num_updates, on_policy_model
+from agentenv_jax.learner.on_policy_model import (
+    gradient_data_axis,
+    num_updates,
+    on_policy_model,
+)
 from agentenv_jax.learner.text_training import token_ppo_hyperparams
 from agentenv_jax.metrics.accounting import Accounting, reconcile
 from agentenv_jax.metrics.episode_window import EpisodeWindow
@@ -119,11 +123,27 @@ def rollout_shardings(mesh: Mesh) -> dict[str, Any]:
     }
 
 
-def jit_sharded_update(update: Callable, mesh: Mesh, state_sharding: Any = None) -> Callable:
+def jit_sharded_update(
+    update: Callable, mesh: Mesh, state_sharding: Any = None, data_axis: str | None = None
+) -> Callable:
     """Jit `update(state, rollout)` with the rollout's env axis sharded over `mesh` and the
     train state as `state_sharding` (`state_shardings`; replicated by default); the state
-    argument is donated (updated in place)."""
+    argument is donated (updated in place). With `data_axis`, `update` is one shard's part
+    (`make_ppo_update`), mapped over the mesh with `shard_map`: each device runs it on its
+    block of envs, the state replicated."""
     state_sharding = replicated(mesh) if state_sharding is None else state_sharding
+    if data_axis is not None:
+        specs = {name: s.spec for name, s in rollout_shardings(mesh).items()}
+        update = jax.shard_map(
+            update,
+            mesh=mesh,
+            in_specs=(PartitionSpec(), specs),
+            out_specs=(PartitionSpec(), PartitionSpec()),
+            # Unchecked: with the check, JAX would sum each gradient leaf over the shards on
+            # its own (the transpose of using replicated parameters with sharded rows); here
+            # a shard's gradients stay its own until the update's one psum adds them.
+            check_vma=False,
+        )
     return jax.jit(
         update,
         in_shardings=(state_sharding, rollout_shardings(mesh)),
@@ -184,13 +204,16 @@ class Learner:
         self.num_updates = num_updates(config, spaces.agents)
 
         self.mesh = make_mesh(num_devices, model=config.topology.model_axis)
-        model = on_policy_model(config, spaces, self.num_updates, row_constraint(self.mesh))
+        data_axis = gradient_data_axis(config, spaces, self.mesh)
+        model = on_policy_model(
+            config, spaces, self.num_updates, row_constraint(self.mesh), data_axis
+        )
         abstract_state = jax.eval_shape(
             model.train_state, model.param_shapes, jax.ShapeDtypeStruct((2,), jnp.uint32)
         )
         check_model_axis_divides(abstract_state.params, config.topology.model_axis)
         self._state_sharding = state_shardings(self.mesh, abstract_state)
-        jitted_update = jit_sharded_update(model.update, self.mesh, self._state_sharding)
+        jitted_update = jit_sharded_update(model.update, self.mesh, self._state_sharding, data_axis)
         # Text updates trimmed of padding (`algorithm.length_bucket`) take the shapes each
         # round's messages need, compiled as they first occur; the rest have one shape, which
         # compiles while the parameters are initialized and the first rollout is collected.

@@ -20,6 +20,7 @@ from agentenv_jax.algorithms.ppo import (
     make_optimizer,
     make_ppo_update,
 )
+from agentenv_jax.config.errors import ConfigError
 from agentenv_jax.config.schema import ExperimentConfig, IMPALAConfig, PPOConfig
 from agentenv_jax.envs.factory import EnvSpaces
 from agentenv_jax.networks import (
@@ -45,6 +46,31 @@ def minibatch_size(config: ExperimentConfig, agents_per_env: int = 1) -> int:
     return rows // getattr(config.algorithm, "num_minibatches", 1)
 
 
+def gradient_data_axis(config: ExperimentConfig, spaces: EnvSpaces, mesh: Any) -> str | None:
+    """The mesh axis PPO's update sums each step's gradients over in one psum
+    (`topology.gradient_sync`: `make_ppo_update`'s `data_axis`), or None for XLA's own
+    reduction; auto takes one_psum wherever it applies and the data axis has several devices.
+    `one_psum` is for PPO on a 1-D mesh (an MLP or CNN actor-critic); a `ConfigError`
+    elsewhere."""
+    from agentenv_jax.parallel.mesh import BATCH_AXIS
+
+    choice = config.topology.gradient_sync
+    eligible = (
+        config.algorithm.name == "ppo" and spaces.text is None and config.topology.model_axis == 1
+    )
+    if choice == "one_psum" and not eligible:
+        raise ConfigError(
+            "topology.gradient_sync = 'one_psum' is for PPO on a 1-D mesh; this run has "
+            f"algorithm.name = {config.algorithm.name!r}, env.id = {config.env.id!r}"
+            f"{' (a text env)' if spaces.text is not None else ''} and topology.mesh.model = "
+            f"{config.topology.model_axis}: expected 'auto' or 'xla'"
+        )
+    if choice == "auto":
+        shards = mesh.shape[BATCH_AXIS]
+        choice = "one_psum" if eligible and shards > 1 else "xla"
+    return BATCH_AXIS if choice == "one_psum" else None
+
+
 def make_on_policy_update(
     config: ExperimentConfig,
     apply_fn: Callable,
@@ -52,9 +78,11 @@ def make_on_policy_update(
     total_updates: int,
     constrain_rows: Callable[[jax.Array], jax.Array],
     groups: RowGroups | None = None,
+    data_axis: str | None = None,
 ) -> tuple[Callable, optax.GradientTransformation]:
     """The pure update of the configured on-policy algorithm (PPO or IMPALA) and its optimizer;
-    `groups`: a multi-agent env's agent groups, for PPO's per-group loss metrics."""
+    `groups`: a multi-agent env's agent groups, for PPO's per-group loss metrics; `data_axis`:
+    PPO's update as one shard's part (`gradient_data_axis`)."""
     algo = config.algorithm
     gradient_steps = total_updates * (
         algo.num_epochs * algo.num_minibatches if isinstance(algo, PPOConfig) else 1
@@ -91,7 +119,13 @@ def make_on_policy_update(
         num_updates=total_updates,
     )
     update = make_ppo_update(
-        apply_fn, distribution, optimizer, hp, constrain_rows=constrain_rows, groups=groups
+        apply_fn,
+        distribution,
+        optimizer,
+        hp,
+        constrain_rows=constrain_rows,
+        groups=groups,
+        data_axis=data_axis,
     )
     return update, optimizer
 
@@ -111,9 +145,10 @@ def on_policy_model(
     spaces: EnvSpaces,
     total_updates: int,
     constrain_rows: Callable[[jax.Array], jax.Array],
+    data_axis: str | None = None,
 ) -> OnPolicyModel:
     """The actor-critic of `spaces` (an MLP or CNN; a language model on text envs) and the
-    configured algorithm's update for it."""
+    configured algorithm's update for it (`data_axis` as for `make_on_policy_update`)."""
     if spaces.text is not None:
         from agentenv_jax.learner.text_training import language_model_training
 
@@ -128,6 +163,7 @@ def on_policy_model(
         total_updates,
         constrain_rows,
         agent_row_groups(spaces),
+        data_axis,
     )
 
     def train_state(params: Any, key: jax.Array) -> TrainState:
