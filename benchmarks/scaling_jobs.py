@@ -80,12 +80,18 @@ def run_part(
 
 
 def train(
-    env_ranks: int, step_ms: float, updates: int, args: argparse.Namespace, root: Path, name: str
+    env_ranks: int,
+    step_ms: float,
+    updates: int,
+    args: argparse.Namespace,
+    root: Path,
+    name: str,
+    learners: int = 1,
 ) -> dict[str, Any]:
-    """`mpiexec -n 1+env_ranks agentenv train cartpole_ppo` on the slow env with
-    `--envs-per-rank` envs per env rank for `updates` updates; its summary and the medians of
-    its steady rounds' timings (rounds of updates >= STEADY_FROM; a round is the wall-clock
-    between two updates)."""
+    """`mpiexec -n learners+env_ranks agentenv train cartpole_ppo` on the slow env with
+    `--envs-per-rank` envs per env rank for `updates` updates (each learner on one CPU device);
+    its summary and the medians of its steady rounds' timings (rounds of updates >=
+    STEADY_FROM; a round is the wall-clock between two updates)."""
     t_len = rollout_length()
     global_envs = args.envs_per_rank * env_ranks
     settings = [
@@ -99,8 +105,9 @@ def train(
             transport_timeout_s=args.timeout,
         ),
         "checkpoint.on_exit=false",
+        f"topology.num_learner_ranks={learners}",
     ]
-    command = common.under_mpiexec(1 + env_ranks, common.train_command(CONFIG, settings))
+    command = common.under_mpiexec(learners + env_ranks, common.train_command(CONFIG, settings))
     started = time.perf_counter()
     _, others_cores = launch_job(command, name, args.job_timeout)
     job_s = time.perf_counter() - started
@@ -137,6 +144,7 @@ def train(
         ]
     )
     return {
+        "learners": learners,
         "env_ranks": env_ranks,
         "envs": global_envs,
         "rows": t_len * global_envs,

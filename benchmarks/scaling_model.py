@@ -63,7 +63,7 @@ from typing import Any
 
 import common
 from scaling_jobs import run_part, train
-from scaling_report import print_part_a, print_part_b
+from scaling_report import print_part_a, print_part_b, print_part_c
 from scaling_throughput_model import UnitCosts, fit_line, predict
 from scaling_workers import MESH_DEVICES, cost_worker, env_worker, learner_worker, poll_worker
 
@@ -168,6 +168,15 @@ def part_b(args: argparse.Namespace, a: dict[str, Any] | None, root: Path) -> di
             flush=True,
         )
         runs.append(run)
+    for n in args.two_learner_env_ranks:
+        run = train(n, args.step_ms, args.updates, args, root, f"learners-2-ranks-{n}", 2)
+        run["predicted"] = predict(n, args.envs_per_rank, run["rollout_length"], units, 2)
+        print(
+            f"  2 learners, {n:>2} env ranks: {run['steps_per_s']:8,.0f} steps/s measured, "
+            f"{run['predicted']['steps_per_s']:8,.0f} predicted (job {run['job_s']:.0f} s)",
+            flush=True,
+        )
+        runs.append(run)
     return {
         "env_step_s": env,
         "update_costs": costs,
@@ -180,7 +189,9 @@ def part_b(args: argparse.Namespace, a: dict[str, Any] | None, root: Path) -> di
 
 def _parser() -> argparse.ArgumentParser:
     parser = common.make_parser(__doc__)
-    parser.add_argument("--parts", default="AB", help="which parts to run: A, B or AB")
+    parser.add_argument(
+        "--parts", default="ABC", help="which parts to run: A, B, C (C needs A and B)"
+    )
     parser.add_argument("--a-nets", nargs="+", default=["64x64", "256x256"], help="part A MLPs")
     parser.add_argument("--a-envs", type=int, default=64, help="part A rollout: T x this envs")
     parser.add_argument("--a-updates", type=int, default=3, help="part A updates per block")
@@ -214,6 +225,16 @@ def _parser() -> argparse.ArgumentParser:
         "--env-ranks", type=int, nargs="+", default=[1, 2, 4, 8, 15], help="N of the part B jobs"
     )
     parser.add_argument("--updates", type=int, default=30, help="updates per part B job")
+    parser.add_argument(
+        "--two-learner-env-ranks",
+        type=int,
+        nargs="*",
+        default=[2, 4],
+        help="N of the part B jobs with 2 learner processes (one CPU device each)",
+    )
+    parser.add_argument(
+        "--link-gbps", type=float, default=100.0, help="part C: the cluster's link per host"
+    )
     parser.add_argument(
         "--calibration-updates", type=int, default=60, help="updates of the calibration job"
     )
@@ -250,6 +271,8 @@ def main() -> None:
         with tempfile.TemporaryDirectory(prefix="agentenv_scaling_model_") as root:
             results["B"] = part_b(args, results.get("A"), Path(root))
         print_part_b(results["B"], args)
+    if "C" in args.parts and "B" in results:
+        print_part_c(results["B"], args)
     print(
         f"\nload average at the end: {' '.join(f'{x:.2f}' for x in os.getloadavg())}; "
         f"whole script {time.perf_counter() - started:.0f} s"

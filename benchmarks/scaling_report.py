@@ -7,7 +7,7 @@ import os
 from collections.abc import Iterable
 from typing import Any
 
-from scaling_throughput_model import UnitCosts, bottleneck_shifts
+from scaling_throughput_model import Cluster, UnitCosts, bottleneck_shifts, project
 from scaling_update import WARMUP_UPDATES, rollout_length
 
 
@@ -170,13 +170,14 @@ def print_part_b(b: dict[str, Any], args: argparse.Namespace) -> None:
     )
     print_table(
         [
-            "env ranks", "envs", "rows/round", "predicted steps/s", "measured steps/s",
-            "measured ÷ predicted", "predicted bottleneck", "others' load (cores)",
+            "learners", "env ranks", "envs", "rows/round", "predicted steps/s",
+            "measured steps/s", "measured ÷ predicted", "predicted bottleneck",
+            "others' load (cores)",
         ],
-        "rrrrrrlr",
+        "rrrrrrrlr",
         (
             [
-                f"{run['env_ranks']}", f"{run['envs']}", f"{run['rows']:,}",
+                f"{run['learners']}", f"{run['env_ranks']}", f"{run['envs']}", f"{run['rows']:,}",
                 f"{run['predicted']['steps_per_s']:,.0f}", f"{run['steps_per_s']:,.0f}",
                 f"{run['steps_per_s'] / run['predicted']['steps_per_s']:.2f}",
                 run["predicted"]["bottleneck"], f"{run['others_cores']:.2f}",
@@ -203,6 +204,55 @@ def print_part_b(b: dict[str, Any], args: argparse.Namespace) -> None:
         "\nBottleneck by the model, as env ranks are added (one learner, "
         f"{e} envs each): " + "; ".join(f"from N = {n}: {what}" for n, what in shifts) + "."
     )
+
+
+PROJECTED_LEARNERS = (1, 2, 4, 8)
+PROJECTED_ENV_RANKS = (10, 100, 1000)
+PROJECTED_MODELS = {"64x64 MLP": 9_155, "135 M": 135_000_000, "1 B": 1_000_000_000}
+
+
+def print_part_c(b: dict[str, Any], args: argparse.Namespace) -> None:
+    """The projection to a cluster (`project`) from part B's unit costs."""
+    u = UnitCosts(**b["units"])
+    cluster = Cluster(link_gbps=args.link_gbps)
+    e, t = args.envs_per_rank, rollout_length()
+    print(
+        f"\n## C. Projection to a cluster\n\nThe part B job's PPO ({e} envs per env rank, "
+        f"T = {t}, the 64x64 update) on L learner hosts and N env ranks of a core each, hosts "
+        f"joined by {cluster.link_gbps:g} Gb/s links; the sync columns are the learner's seconds "
+        "per update to send a policy of that size to its N / L env ranks, by broadcast (the "
+        "round's) and by one send per rank.\n"
+    )
+    models = list(PROJECTED_MODELS)
+    rows = []
+    for learners in PROJECTED_LEARNERS:
+        for n in PROJECTED_ENV_RANKS:
+            p = project(learners, n, e, t, u, cluster, PROJECTED_MODELS[models[0]])
+            syncs = [
+                project(learners, n, e, t, u, cluster, PROJECTED_MODELS[m]) for m in models[1:]
+            ]
+            rows.append(
+                [
+                    f"{learners}",
+                    f"{n}",
+                    f"{p['steps_per_s']:,.0f}",
+                    p["bottleneck"],
+                    f"{p['env_phase_s'] * 1e3:.0f}",
+                    f"{p['update_s'] * 1e3:.0f}",
+                    f"{p['reduce_s'] * 1e3:.0f}",
+                    *(f"{s['sync_s']:.2f} / {s['sends_s']:.2f}" for s in syncs),
+                    syncs[-1]["bottleneck"],
+                ]
+            )
+    print_table(
+        [
+            "learners", "env ranks", "steps/s (64x64)", "bottleneck (64x64)", "env phase ms",
+            "update ms", "all-reduce ms", *(f"{m} sync s (broadcast / sends)" for m in models[1:]),
+            "bottleneck (1 B sync)",
+        ],
+        "rrrlrrrrrl",
+        rows,
+    )  # fmt: skip
 
 
 def _round_row(run: dict[str, Any], u: UnitCosts) -> list[str]:

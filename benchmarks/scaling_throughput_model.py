@@ -4,6 +4,7 @@ costs measured on their own, as pure functions (docs/scaling.md explains it)."""
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Any
 
 import numpy as np
@@ -43,13 +44,15 @@ def predict(
                                                                round on the shared cores (a
                                                                rank asleep in its env uses none)
         env_phase = max(env_alone, env_cpu)
-        update    = (update_fixed_s + update_row_s * rows) * slowdown(N)
+        update    = (update_fixed_s + update_row_s * rows / L) * slowdown(N)
+                    L = `learners`, each updating on its block of the rows;
                     slowdown(N): the update's measured slowdown while N env ranks wait for its
                     parameters, polling (1 with none; interpolated between the measured N)
         learner   = update + msg_s
                     (+ collectives * latency_s + grad_steps * (allreduce_s - latency_s)
                      with 2 learner processes: each collective's latency, and the gradient's
-                     bytes once per gradient step; not exercised by one learner)
+                     bytes once per gradient step; with one_psum, 20 steps: 20 gradient
+                     all-reduces and 1 for the minibatches' statistics)
         round     = env_phase + learner                        no overlap: the env ranks wait
                                                                for the new parameters
         steps/s   = rows / round
@@ -64,7 +67,7 @@ def predict(
     env_cpu = env_ranks * t_len * (u.vec_cpu_s + u.policy_s) / u.cores
     env_phase = max(env_alone, env_cpu)
     slowdown = float(np.interp(env_ranks, u.pollers, u.slowdown))
-    update = (u.update_fixed_s + u.update_row_s * rows) * slowdown
+    update = (u.update_fixed_s + u.update_row_s * rows / learners) * slowdown
     learner = update + u.msg_s
     if learners > 1:
         learner += u.collectives * u.latency_s + u.grad_steps * (u.allreduce_s - u.latency_s)
@@ -85,6 +88,76 @@ def predict(
         "round_s": round_s,
         "steps_per_s": rows / round_s,
         "bottleneck": bottleneck,
+    }
+
+
+@dataclasses.dataclass(frozen=True)
+class Cluster:
+    """What the projection assumes of a cluster, beyond the unit costs measured here: env
+    ranks one per core on CPU hosts (no core shared with a learner), each learner on a host of
+    its own (no polling slows its update), hosts joined by `link_gbps` links."""
+
+    link_gbps: float = 100.0  # per host (100 Gb/s InfiniBand or Ethernet)
+    segment_s: float = 6.5e-6  # learner's cost per segment message (transport_efficiency.py)
+
+
+def sync_seconds(params: int, ranks: int, link_gbps: float, broadcast: bool) -> float:
+    """The learner's seconds to send `params` float32 parameters to `ranks` env ranks on other
+    hosts: a pipelined broadcast moves about twice the bytes through the learner's link,
+    whatever the number of ranks (scatter, then ring all-gather); one send per rank moves them
+    once per rank."""
+    seconds_per_copy = 4 * params / (link_gbps * 1e9 / 8)
+    return (2.0 if broadcast else float(ranks)) * seconds_per_copy
+
+
+def project(
+    learners: int,
+    env_ranks: int,
+    envs_per_rank: int,
+    t_len: int,
+    u: UnitCosts,
+    cluster: Cluster,
+    params: int,
+) -> dict[str, Any]:
+    """`predict` for a cluster (`Cluster`): N env ranks over L learners, each learner with
+    its own host and devices (the update's rows split L ways), every env rank on a core of its
+    own, so
+
+        env_phase = T * (E * step_s + policy_s)           no core is shared
+        update    = update_fixed_s + update_row_s * rows / L
+        reduce    = grad_steps * allreduce_s * ceil(log2 L) + latency_s   (L > 1; the measured
+                    2-process all-reduce, times the depth of a tree over L hosts)
+        messages  = msg_s + (N / L - 1) * segment_s        a learner's own env ranks' segments
+        sync      = sync_seconds(params, N / L, link, broadcast)          per update
+        round     = env_phase + update + reduce + messages + sync
+
+    `params` is the policy's parameter count for the sync (the update's cost stays the
+    measured 64x64 MLP's: the sync is what a 135 M or 1 B policy adds to the round, not its
+    update). Both sync schemes are given; the round takes the broadcast."""
+    rows = env_ranks * envs_per_rank * t_len
+    env_phase = t_len * (envs_per_rank * u.step_s + u.policy_s)
+    update = u.update_fixed_s + u.update_row_s * rows / learners
+    reduce = 0.0
+    if learners > 1:
+        reduce = u.grad_steps * u.allreduce_s * math.ceil(math.log2(learners)) + u.latency_s
+    per_learner = env_ranks / learners
+    messages = u.msg_s + max(per_learner - 1, 0) * cluster.segment_s
+    sync = sync_seconds(params, math.ceil(per_learner), cluster.link_gbps, True)
+    sends = sync_seconds(params, math.ceil(per_learner), cluster.link_gbps, False)
+    learner = update + reduce + messages + sync
+    parts = {"env": env_phase, "update": update, "all-reduce": reduce, "param sync": sync}
+    round_s = env_phase + learner
+    return {
+        "rows": rows,
+        "env_phase_s": env_phase,
+        "update_s": update,
+        "reduce_s": reduce,
+        "messages_s": messages,
+        "sync_s": sync,
+        "sends_s": sends,
+        "round_s": round_s,
+        "steps_per_s": rows / round_s,
+        "bottleneck": max(parts, key=parts.get),
     }
 
 
