@@ -201,16 +201,28 @@ def _is_slow(item: pytest.Item) -> bool:
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Modules with the most slow tests first, each module's tests in their own order.
+    """Modules with the most slow tests first (a module holding a test marked
+    `slow(longest=True)` before all), each module's tests in their own order.
 
     pytest-xdist's `--dist loadfile` hands whole modules to its workers in this order as each
     becomes free: a module of several minutes handed out last would run on alone after the
-    others had finished. The count of slow tests stands in for a module's running time."""
+    others had finished. The count of slow tests stands in for a module's running time, except
+    for the one test that runs longer than most modules."""
     slow: dict[str, int] = {}
+    longest: set[str] = set()
     for item in items:
         slow[item.path.name] = slow.get(item.path.name, 0) + _is_slow(item)
+        marker = item.get_closest_marker("slow")
+        if marker is not None and marker.kwargs.get("longest"):
+            longest.add(item.path.name)
     position = {module: index for index, module in enumerate(slow)}
-    items.sort(key=lambda item: (-slow[item.path.name], position[item.path.name]))
+    items.sort(
+        key=lambda item: (
+            item.path.name not in longest,
+            -slow[item.path.name],
+            position[item.path.name],
+        )
+    )
 
 
 def _launching(what: str) -> None:
