@@ -282,6 +282,16 @@ def test_a_failed_gloo_collective_is_told_from_other_errors():
         jax.errors.JaxRuntimeError("RESOURCE_EXHAUSTED: out of memory")
     )
     assert not is_collective_failure(RuntimeError(reset))  # not from XLA's runtime
+    # A checkpoint save under way when the peer died: orbax's all-gather, then orbax's own frame.
+    gather = "UNKNOWN: Gloo AllGather failed: [pair.cc:538] Read error: Connection reset by peer"
+    try:
+        try:
+            raise ValueError(gather)
+        except ValueError as err:
+            raise RuntimeError("the save did not finish") from err
+    except RuntimeError as err:
+        assert is_collective_failure(err)
+    assert not is_collective_failure(ValueError("rollout.num_envs must be positive"))
 
 
 @pytest.mark.slow

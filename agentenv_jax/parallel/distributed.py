@@ -47,7 +47,17 @@ def start_distributed(
 def is_collective_failure(err: BaseException) -> bool:
     """Whether `err` is a cross-process collective that failed: on CPU a gloo error (`Gloo
     all-reduce failed ... Connection reset by peer` when a peer learner's process ended). It
-    comes from XLA's runtime as a `JaxRuntimeError` (`XlaRuntimeError` before)."""
-    return (
-        type(err).__name__ in ("JaxRuntimeError", "XlaRuntimeError") and "gloo" in str(err).lower()
-    )
+    comes from XLA's runtime as a `JaxRuntimeError` (`XlaRuntimeError` before), or, from the
+    all-gather that orbax's multi-process save synchronises with, as a `ValueError` carrying
+    the same status text; either may be the cause of what reached the caller."""
+    seen: set[int] = set()
+    while err is not None and id(err) not in seen:
+        seen.add(id(err))
+        text = str(err).lower()
+        if type(err).__name__ in _XLA_ERROR_TYPES and "gloo" in text and "failed" in text:
+            return True
+        err = err.__cause__ or err.__context__
+    return False
+
+
+_XLA_ERROR_TYPES = ("JaxRuntimeError", "XlaRuntimeError", "ValueError")
