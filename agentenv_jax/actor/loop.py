@@ -16,6 +16,7 @@ from gymnasium.vector import AutoresetMode
 from agentenv_jax.actor.episodes import episode_statistics
 from agentenv_jax.buffers.segment_queue import ACTOR_TIMERS, SegmentQueue, segment_counts
 from agentenv_jax.envs import normalization as norm
+from agentenv_jax.envs.atari import EPISODE_SCORE, GAME_OVER
 from agentenv_jax.envs.factory import EnvSpaces, autoreset_mode
 from agentenv_jax.envs.faults import fault_mask
 from agentenv_jax.envs.multi_agent.columns import ACTED
@@ -108,6 +109,12 @@ class Actor:
         # statistics are taken of (discounted returns, raw observations).
         shape = (rollout_length, self._num_envs)
         self._rewards = np.zeros(shape, dtype=np.float64)
+        # Envs that report a score apart from the training reward (Atari: unclipped, over whole
+        # games rather than lives) have their episode statistics taken from it.
+        self._scored = bool(getattr(vector_env, "reports_score", False))
+        if self._scored:
+            self._scores = np.zeros(shape, dtype=np.float64)
+            self._game_over = np.zeros(shape, dtype=bool)
         if normalize_reward:
             self._discounted_return = np.zeros(self._num_envs, dtype=np.float64)
             self._returns = np.zeros(shape, dtype=np.float64)
@@ -263,6 +270,9 @@ class Actor:
             inference_s += tock - tick
             next_obs = np.asarray(next_obs, dtype=self._obs_dtype)
             rewards[t] = reward
+            if self._scored:
+                self._scores[t] = info[EPISODE_SCORE]
+                self._game_over[t] = info[GAME_OVER]
             if self._normalize_reward:
                 # The discounted return whose statistics scale rewards, of every row (padding
                 # and faulted ones too); `_end_episodes` restarts it where an episode ended.
@@ -304,12 +314,13 @@ class Actor:
 
         valid = fields["valid"].astype(bool)
         count = int(np.count_nonzero(valid))
+        if self._scored:
+            episode_rewards, episode_ended = self._scores, self._game_over & valid
+        else:
+            episode_rewards = rewards
+            episode_ended = (fields["terminated"] | fields["truncated"]).astype(bool)
         episodes = episode_statistics(
-            rewards,
-            valid,
-            (fields["terminated"] | fields["truncated"]).astype(bool),
-            self._episode_return,
-            self._episode_length,
+            episode_rewards, valid, episode_ended, self._episode_return, self._episode_length
         )
         fields["episode_return"][...] = episodes.episode_return
         fields["episode_length"][...] = episodes.episode_length

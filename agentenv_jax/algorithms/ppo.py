@@ -57,6 +57,9 @@ class PPOHyperparams:
     ent_coef: float
     normalize_advantages: bool
     num_updates: int  # total updates in the run, for annealing
+    # Gradient steps as straight-line code instead of a loop: XLA's CPU backend runs
+    # convolutions inside a while loop about 8x slower than outside one (`cpu_unrolls`).
+    unroll: bool = False
 
 
 def masked_mean(x: jax.Array, mask: jax.Array, count: jax.Array | None = None) -> jax.Array:
@@ -237,6 +240,7 @@ def data_parallel_epochs(
     data_axis: str,
     sums_of: Callable[[Batch], jax.Array],
     rollout_sums: jax.Array,
+    unroll: bool = False,
 ) -> tuple[Params, optax.OptState, dict[str, jax.Array], jax.Array]:
     """`minibatch_epochs` as one shard's part, under `shard_map` over `data_axis`: `flat` is
     this shard's rows, shuffled with the shared `key` (no collective), so minibatch m is the
@@ -273,9 +277,11 @@ def data_parallel_epochs(
             metrics["grad_norm"] = optax.tree.norm(grads)
             return (params, opt_state), metrics
 
-        return jax.lax.scan(step, carry, minibatches(order, flat) | {"sums": epoch_sums})
+        return jax.lax.scan(
+            step, carry, minibatches(order, flat) | {"sums": epoch_sums}, unroll=unroll
+        )
 
-    (params, opt_state), metrics = jax.lax.scan(epoch, carry, (orders, sums))
+    (params, opt_state), metrics = jax.lax.scan(epoch, carry, (orders, sums), unroll=unroll)
     return params, opt_state, metrics, rollout_sums
 
 
@@ -289,12 +295,14 @@ def minibatch_epochs(
     num_minibatches: int,
     clip_eps: jax.Array,
     constrain_rows: Callable[[jax.Array], jax.Array],
+    unroll: bool = False,
 ) -> tuple[Params, optax.OptState, dict[str, jax.Array]]:
     """`num_epochs` passes over the rows of `flat` (arrays `[N, ...]`), each in
     `num_minibatches` shuffled minibatches, one gradient step each: `grad_fn(params, mb,
     clip_eps) -> (grads, metrics)`. Returns the parameters, optimizer state and every step's
     metrics (with `grad_norm`), stacked `[num_epochs, num_minibatches]`. PPO's and token-level
-    PPO's updates share it; `constrain_rows` pins each minibatch's rows to the mesh."""
+    PPO's updates share it; `constrain_rows` pins each minibatch's rows to the mesh; `unroll`
+    writes the steps out instead of looping over them (`PPOHyperparams.unroll`)."""
     num_rows = next(iter(flat.values())).shape[0]
     minibatch_size = num_rows // num_minibatches
 
@@ -314,9 +322,11 @@ def minibatch_epochs(
             metrics["grad_norm"] = optax.tree.norm(grads)
             return (params, opt_state), metrics
 
-        return jax.lax.scan(step, carry, minibatches)
+        return jax.lax.scan(step, carry, minibatches, unroll=unroll)
 
-    (params, opt_state), metrics = jax.lax.scan(epoch, carry, jax.random.split(key, num_epochs))
+    (params, opt_state), metrics = jax.lax.scan(
+        epoch, carry, jax.random.split(key, num_epochs), unroll=unroll
+    )
     return params, opt_state, metrics
 
 
@@ -387,6 +397,7 @@ def make_ppo_update(
                 hp.num_minibatches,
                 clip_eps,
                 constrain_rows,
+                hp.unroll,
             )
             totals = rollout_sums(flat)
         else:
@@ -402,6 +413,7 @@ def make_ppo_update(
                 data_axis,
                 lambda mb: minibatch_sums(mb, groups),
                 rollout_sums(flat),
+                hp.unroll,
             )
         metrics = jax.tree.map(jnp.mean, metrics)
         count, return_sum, return_squares, error_squares = (totals[i] for i in range(4))
@@ -469,3 +481,15 @@ def float32_moments(optimizer: optax.GradientTransformation) -> optax.GradientTr
         )
 
     return optax.GradientTransformation(init, update)
+
+
+def cpu_unrolls(backend: str, torso: str, obs_shape: tuple[int, ...]) -> bool:
+    """Whether PPO's gradient steps are unrolled (`PPOHyperparams.unroll`): for a CNN torso on
+    XLA's CPU backend and images of at least 32x32 pixels, where a convolution's gradient in a
+    loop body runs ~8x slower than outside one (~4 s against ~0.5 s per 256 Atari frames,
+    docs/atari.md). Smaller images (Catch, MinAtar) keep the loop, which compiles once."""
+    pixels = obs_shape[0] * obs_shape[1] if len(obs_shape) >= 2 else 0
+    return backend == "cpu" and torso != "mlp" and pixels >= UNROLL_MIN_PIXELS
+
+
+UNROLL_MIN_PIXELS = 32 * 32

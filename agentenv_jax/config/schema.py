@@ -16,7 +16,8 @@ from typing import Any, Literal
 
 from agentenv_jax.config.errors import ConfigError
 
-VectorizationMode = Literal["sync", "async", "native"]
+VectorizationMode = Literal["sync", "async", "native", "envpool", "ale"]
+EnvPreset = Literal["none", "atari"]
 Activation = Literal["tanh", "relu", "gelu"]
 Schedule = Literal["constant", "linear"]
 FaultPolicy = Literal["recreate", "fail"]
@@ -52,7 +53,12 @@ class EnvConfig:
     id: str = "CartPole-v1"  # Gymnasium id, or "package.module:factory" returning a gymnasium.Env
     kwargs: dict[str, Any] = field(default_factory=dict)  # keyword arguments for gym.make / factory
     global_num_envs: int = 8  # environments across all env ranks, split as evenly as possible
-    vectorization: VectorizationMode = "sync"  # gymnasium vector env: sync, async or native
+    # sync, async or native (Gymnasium's); envpool or ale (C++ vector envs, env.preset: atari)
+    vectorization: VectorizationMode = "sync"
+    # atari: the standard Atari pipeline on a C++ vector env (docs/atari.md); env.kwargs
+    # overrides its settings by name, env.frame_stack is its stack size.
+    preset: EnvPreset = "none"
+    num_threads: int = 0  # threads of a C++ vector env on each env rank (0: one per core)
     max_episode_steps: int | None = None  # override the env's time limit (None keeps its own)
     normalize_obs: bool = False  # running mean/std observation normalization, merged over ranks
     normalize_reward: bool = False  # scale rewards by the std of the discounted return
@@ -82,6 +88,22 @@ class EnvConfig:
         _require(self.clip_reward > 0, f"{prefix}.clip_reward", self.clip_reward, "a number > 0")
         _require(
             self.frame_stack >= 1, f"{prefix}.frame_stack", self.frame_stack, "an integer >= 1"
+        )
+        _require(
+            self.num_threads >= 0,
+            f"{prefix}.num_threads",
+            self.num_threads,
+            "0 (one per core) or an integer >= 1",
+        )
+        cpp = self.vectorization in ("envpool", "ale")
+        _require(
+            cpp == (self.preset == "atari"),
+            f"{prefix}.vectorization",
+            self.vectorization,
+            "envpool or ale with env.preset = 'atari' (the C++ vector envs run Atari games "
+            "only), and sync, async or native without it"
+            if cpp
+            else f"envpool or ale: env.preset = {self.preset!r} runs on a C++ vector env",
         )
 
 

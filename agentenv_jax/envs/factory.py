@@ -3,8 +3,9 @@
 An env is named by a registered Gymnasium id (`CartPole-v1`) or by an entry point
 `package.module:factory` whose factory returns a `gymnasium.Env`. Each env rank builds its
 `local_num_envs` copies as one vector env: `sync` (in-process loop), `async` (subprocesses) or
-`native` (the env's own vectorized implementation, e.g. CartPole's). Every env is wrapped by
-`envs.observation_wrappers.wrap_observations` (flattening, `env.frame_stack`).
+`native` (the env's own vectorized implementation, e.g. CartPole's); Atari games
+(`env.preset: atari`) run on a C++ vector env, `envpool` or `ale` (`envs.atari`). Every other
+env is wrapped by `envs.observation_wrappers.wrap_observations` (flattening, `env.frame_stack`).
 """
 
 from __future__ import annotations
@@ -56,6 +57,11 @@ def _registered_ids() -> list[str]:
 def resolve_env_factory(config: EnvConfig) -> Callable[[], gym.Env]:
     """A zero-argument callable that makes one env as configured, its observations wrapped as
     they travel (`wrap_observations`); `EnvError` if it cannot."""
+    if config.preset == "atari":
+        raise EnvError(
+            f"env.id = {config.id!r} with env.preset = 'atari' runs only as a C++ vector env "
+            "(env.vectorization: envpool or ale); agentenv eval does not make it one by one"
+        )
     make_env = _resolve_unwrapped(config)
     return lambda: wrap_observations(make_env(), config.id, config.frame_stack)
 
@@ -126,6 +132,18 @@ def make_vector_env(
             config.id, local_num_envs, config.kwargs, config.max_episode_steps
         )
         return AgentColumns(env, critic)
+    if config.preset == "atari":
+        from agentenv_jax.envs.atari import make_atari_vector_env
+
+        return make_atari_vector_env(
+            config.id,
+            config.vectorization,
+            local_num_envs,
+            dict(config.kwargs),
+            config.max_episode_steps,
+            config.frame_stack,
+            config.num_threads,
+        )
     if config.vectorization == "native":
         if ":" in config.id and config.id not in gym.registry:
             raise EnvError(

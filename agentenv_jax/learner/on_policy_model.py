@@ -17,6 +17,7 @@ from agentenv_jax.algorithms.ppo import (
     PPOHyperparams,
     RowGroups,
     TrainState,
+    cpu_unrolls,
     make_optimizer,
     make_ppo_update,
 )
@@ -79,10 +80,12 @@ def make_on_policy_update(
     constrain_rows: Callable[[jax.Array], jax.Array],
     groups: RowGroups | None = None,
     data_axis: str | None = None,
+    unroll: bool = False,
 ) -> tuple[Callable, optax.GradientTransformation]:
     """The pure update of the configured on-policy algorithm (PPO or IMPALA) and its optimizer;
     `groups`: a multi-agent env's agent groups, for PPO's per-group loss metrics; `data_axis`:
-    PPO's update as one shard's part (`gradient_data_axis`)."""
+    PPO's update as one shard's part (`gradient_data_axis`); `unroll`: PPO's gradient steps
+    written out (`PPOHyperparams.unroll`)."""
     algo = config.algorithm
     gradient_steps = total_updates * (
         algo.num_epochs * algo.num_minibatches if isinstance(algo, PPOConfig) else 1
@@ -117,6 +120,7 @@ def make_on_policy_update(
         ent_coef=algo.ent_coef,
         normalize_advantages=algo.normalize_advantages,
         num_updates=total_updates,
+        unroll=unroll,
     )
     update = make_ppo_update(
         apply_fn,
@@ -164,6 +168,7 @@ def on_policy_model(
         constrain_rows,
         agent_row_groups(spaces),
         data_axis,
+        unroll=cpu_unrolls(jax.default_backend(), module.torso, spaces.obs_shape),
     )
 
     def train_state(params: Any, key: jax.Array) -> TrainState:

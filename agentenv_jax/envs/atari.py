@@ -1,0 +1,338 @@
+"""Atari games on C++ vector envs: EnvPool's and ALE's own `AtariVectorEnv`, with the standard
+Atari pipeline (`env.preset: atari`, docs/atari.md).
+
+The pipeline is the one Machado et al. (2018) describe and CleanRL, Cleanba and EnvPool report
+with: each agent step repeats its action for 4 frames and max-pools the last two, the frame is
+84x84 grayscale, the last 4 frames are stacked, episodes start with up to 30 no-ops (or use
+sticky actions: `repeat_action_probability: 0.25, noop_max: 0`) and are cut at 108 000 frames.
+For training only, a lost life ends the episode and rewards are clipped to their sign; the
+episode returns reported are the game's own score over whole games.
+
+Both backends are NEXT_STEP vector envs (the step after an episode ended resets it, its action
+ignored), which the actor pads. The C++ envs stack frames themselves (`env.frame_stack` is their
+stack size) and hand them over channel-first; `AtariVectorEnv` lays them out as the network sees
+images, `(84, 84, k)` uint8, and reports each step's score and whether the game ended in `info`
+(`EPISODE_SCORE`, `GAME_OVER`), which the actor's episode statistics read instead of the
+training reward and termination.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import os
+import re
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+from gymnasium.vector import AutoresetMode
+
+from agentenv_jax.envs.spaces import EnvError
+
+# Keys of a step's `info`: the game's unclipped reward `[E]` float64, and whether the game (not
+# just a life) ended or was cut at the frame limit `[E]` bool.
+EPISODE_SCORE = "episode_score"
+GAME_OVER = "game_over"
+
+ATARI_BACKENDS = ("envpool", "ale")
+# What `pip install` brings each backend (agentenv_jax[atari] brings both).
+_BACKEND_PACKAGES = {"envpool": "envpool", "ale": "ale-py"}
+NOOP_ACTION = 0  # action 0 is NOOP in every game's minimal action set
+
+
+@dataclasses.dataclass(frozen=True)
+class AtariSettings:
+    """The Atari pipeline's settings (`env.kwargs` overrides any of them by name)."""
+
+    frameskip: int = 4  # frames each agent step repeats its action for (the last two max-pooled)
+    repeat_action_probability: float = 0.0  # sticky actions (Machado et al.: 0.25)
+    noop_max: int = 30  # up to this many no-op steps after each reset (0 with sticky actions)
+    episodic_life: bool = True  # training: a lost life ends the episode (the game goes on)
+    reward_clipping: bool = True  # training: rewards clipped to their sign
+    max_num_frames_per_episode: int = 108_000  # the game is cut (truncated) after these frames
+    img_height: int = 84
+    img_width: int = 84
+    full_action_space: bool = False  # all 18 actions instead of the game's minimal set
+    use_fire_reset: bool = True  # press FIRE after a reset in games that need it to start
+
+
+def atari_settings(kwargs: dict[str, Any], max_episode_steps: int | None) -> AtariSettings:
+    """The pipeline's settings with `env.kwargs` applied; an unknown or ill-typed key is an
+    `EnvError` naming it and what is allowed. `env.max_episode_steps` (agent steps) sets the
+    frame limit when given."""
+    fields = {f.name: f for f in dataclasses.fields(AtariSettings)}
+    unknown = sorted(set(kwargs) - set(fields))
+    if unknown:
+        close = difflib.get_close_matches(unknown[0], list(fields), n=1)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        raise EnvError(
+            f"env.kwargs.{unknown[0]} is not a setting of the Atari pipeline{hint}; "
+            f"allowed: {', '.join(fields)}"
+        )
+    values: dict[str, Any] = {}
+    for name, value in kwargs.items():
+        kind = type(getattr(AtariSettings, name))
+        if kind is bool and not isinstance(value, bool):
+            raise EnvError(f"env.kwargs.{name} = {value!r} is not allowed: expected true or false")
+        if kind in (int, float) and (isinstance(value, bool) or not isinstance(value, int | float)):
+            raise EnvError(f"env.kwargs.{name} = {value!r} is not allowed: expected a number")
+        values[name] = kind(value)
+    settings = AtariSettings(**values)
+    if max_episode_steps is not None:
+        settings = dataclasses.replace(
+            settings, max_num_frames_per_episode=max_episode_steps * settings.frameskip
+        )
+    checks = (
+        ("frameskip", settings.frameskip >= 1, "an integer >= 1"),
+        (
+            "repeat_action_probability",
+            0.0 <= settings.repeat_action_probability < 1.0,
+            "a probability in [0, 1)",
+        ),
+        ("noop_max", settings.noop_max >= 0, "an integer >= 0"),
+        ("max_num_frames_per_episode", settings.max_num_frames_per_episode >= 1, "an integer >= 1"),
+        ("img_height", settings.img_height >= 8, "an integer >= 8"),
+        ("img_width", settings.img_width >= 8, "an integer >= 8"),
+    )
+    for name, ok, allowed in checks:
+        if not ok:
+            value = getattr(settings, name)
+            raise EnvError(f"env.kwargs.{name} = {value!r} is not allowed: expected {allowed}")
+    return settings
+
+
+def _snake(name: str) -> str:
+    return re.sub(r"(?<!^)(?=[A-Z])", "_", name).lower()
+
+
+def _camel(game: str) -> str:
+    return "".join(part.capitalize() for part in game.split("_"))
+
+
+def atari_game(env_id: str) -> str:
+    """The ALE ROM id of `env.id`, given as Gymnasium's `ALE/Pong-v5`, EnvPool's `Pong-v5` or the
+    ROM id `pong`; an `EnvError` with the closest game if there is no such ROM."""
+    name = env_id.removeprefix("ALE/")
+    name = re.sub(r"(NoFrameskip)?-v\d+$", "", name)
+    game = name if name.islower() else _snake(name)
+    games = _known_games()
+    if game not in games:
+        close = difflib.get_close_matches(game, games, n=1, cutoff=0.6)
+        hint = f" (did you mean {_camel(close[0])!r}, ROM {close[0]!r}?)" if close else ""
+        raise EnvError(
+            f"env.id = {env_id!r} is not an Atari game{hint}: env.preset = 'atari' takes "
+            f"'ALE/<Game>-v5', '<Game>-v5' or a ROM id, one of the {len(games)} ROMs ale-py ships"
+        )
+    return game
+
+
+def _known_games() -> list[str]:
+    try:
+        from ale_py.roms import get_all_rom_ids
+    except ImportError:
+        raise EnvError(
+            "env.preset = 'atari' needs ale-py and its ROMs: pip install 'agentenv_jax[atari]'"
+        ) from None
+    return sorted(get_all_rom_ids())
+
+
+def check_backend_installed(backend: str) -> None:
+    """An `EnvError` naming the package to install if `backend` cannot be imported."""
+    module = "envpool" if backend == "envpool" else "ale_py.vector_env"
+    try:
+        __import__(module)
+    except ImportError as err:
+        raise EnvError(
+            f"env.vectorization = {backend!r} needs the {_BACKEND_PACKAGES[backend]!r} package, "
+            f"which is not installed ({err}): pip install 'agentenv_jax[atari]', or use "
+            f"another of {', '.join(ATARI_BACKENDS)}"
+        ) from None
+
+
+def default_num_threads(num_envs: int) -> int:
+    """Threads of a C++ vector env when `env.num_threads` is 0: one per core, at most one per
+    env (the cores this process may run on)."""
+    return max(1, min(num_envs, len(os.sched_getaffinity(0))))
+
+
+class AtariVectorEnv(gym.vector.VectorEnv):
+    """`num_envs` games of one env rank on a C++ vector env (`backend`: "envpool" or "ale"),
+    stepped all together by `num_threads` threads, as a NEXT_STEP Gymnasium vector env of
+    `(H, W, frame_stack)` uint8 observations.
+
+    Rewards are clipped here, not by the C++ env, so the unclipped score stays at hand. EnvPool
+    keeps the game going after a lost life itself; ALE's vector env ends the whole game then, so
+    with `ale` a lost life is ended here: the next step (the padding row that follows every end)
+    sends NOOP to that game, and what it scores is added to the game's next step."""
+
+    metadata = {"autoreset_mode": AutoresetMode.NEXT_STEP}
+    reports_score = True  # info carries EPISODE_SCORE and GAME_OVER (the actor's statistics)
+
+    def __init__(
+        self,
+        game: str,
+        backend: str,
+        num_envs: int,
+        settings: AtariSettings,
+        frame_stack: int,
+        num_threads: int,
+    ):
+        check_backend_installed(backend)
+        self.game = game
+        self.backend = backend
+        self.num_envs = num_envs
+        self.settings = settings
+        self._frame_stack = frame_stack
+        self._num_threads = num_threads or default_num_threads(num_envs)
+        self._pool: Any = None
+        self._seed: int | None = None
+        self._make(seed=0)
+        height, width = settings.img_height, settings.img_width
+        self.single_observation_space = gym.spaces.Box(
+            0, 255, (height, width, frame_stack), dtype=np.uint8
+        )
+        self.single_action_space = gym.spaces.Discrete(self._num_actions)
+        self.observation_space = gym.vector.utils.batch_space(
+            self.single_observation_space, num_envs
+        )
+        self.action_space = gym.vector.utils.batch_space(self.single_action_space, num_envs)
+        self._lives = np.zeros(num_envs, dtype=np.int64)
+        self._life_lost = np.zeros(num_envs, dtype=bool)  # ale: the next step is padding
+        self._carried_score = np.zeros(num_envs, dtype=np.float64)
+
+    def _make(self, seed: int) -> None:
+        if self._pool is not None and self._seed == seed:
+            return
+        if self._pool is not None:
+            self._pool.close()
+        s = self.settings
+        if self.backend == "envpool":
+            import envpool
+
+            self._pool = envpool.make(
+                f"{_camel(self.game)}-v5",
+                env_type="gymnasium",
+                num_envs=self.num_envs,
+                batch_size=self.num_envs,
+                num_threads=self._num_threads,
+                seed=seed,
+                stack_num=self._frame_stack,
+                frame_skip=s.frameskip,
+                noop_max=max(s.noop_max, 1),  # EnvPool's 1 is none: it draws from [0, noop_max)
+                episodic_life=s.episodic_life,
+                reward_clip=False,
+                max_episode_steps=max(1, s.max_num_frames_per_episode // s.frameskip),
+                img_height=s.img_height,
+                img_width=s.img_width,
+                repeat_action_probability=s.repeat_action_probability,
+                full_action_space=s.full_action_space,
+                use_fire_reset=s.use_fire_reset,
+            )
+        else:
+            from ale_py.vector_env import AtariVectorEnv as ALEVectorEnv
+
+            self._pool = ALEVectorEnv(
+                self.game,
+                self.num_envs,
+                num_threads=self._num_threads,
+                stack_num=self._frame_stack,
+                frameskip=s.frameskip,
+                noop_max=s.noop_max,
+                episodic_life=False,  # it would reset the whole game on a lost life
+                reward_clipping=False,
+                max_num_frames_per_episode=s.max_num_frames_per_episode,
+                img_height=s.img_height,
+                img_width=s.img_width,
+                repeat_action_probability=s.repeat_action_probability,
+                full_action_space=s.full_action_space,
+                use_fire_reset=s.use_fire_reset,
+            )
+        self._seed = seed
+        self._num_actions = int(self._pool.single_action_space.n)
+
+    def reset(self, *, seed: int | None = None, options: dict | None = None):
+        if self.backend == "envpool":
+            # EnvPool takes its seed when made: a new seed makes the pool anew.
+            self._make(seed=0 if seed is None else seed)
+            obs, info = self._pool.reset()
+        else:
+            obs, info = self._pool.reset(seed=seed)
+        self._lives[:] = info["lives"]
+        self._life_lost[:] = False
+        self._carried_score[:] = 0.0
+        return self._images(obs), {}
+
+    def _images(self, obs: np.ndarray) -> np.ndarray:
+        return np.ascontiguousarray(np.asarray(obs).transpose(0, 2, 3, 1))
+
+    def step(self, actions: np.ndarray):
+        actions = np.asarray(actions, dtype=np.int32).reshape(self.num_envs)
+        if self._life_lost.any():
+            actions = np.where(self._life_lost, NOOP_ACTION, actions)
+        obs, reward, terminated, truncated, info = self._pool.step(actions)
+        order = info.get("env_id")
+        if order is not None and (np.diff(order) < 0).any():
+            # The C++ pool returns its batch in the order the envs finished: put it in env order.
+            rank = np.argsort(order)
+            obs, reward, terminated, truncated = (
+                obs[rank],
+                reward[rank],
+                terminated[rank],
+                truncated[rank],
+            )
+            info = {k: v[rank] if np.ndim(v) else v for k, v in info.items()}
+        score = np.asarray(reward, dtype=np.float64)
+        terminated = np.asarray(terminated, dtype=bool)
+        truncated = np.asarray(truncated, dtype=bool)
+        lives = np.asarray(info["lives"], dtype=np.int64)
+        if self.backend == "envpool":
+            game_over = np.asarray(info["terminated"], dtype=bool) | truncated
+        else:
+            game_over = terminated | truncated
+            padding = self._life_lost
+            score = score + self._carried_score
+            self._carried_score = np.where(padding, score, 0.0)
+            score = np.where(padding, 0.0, score)
+            lost = (lives < self._lives) & ~game_over & ~padding
+            self._life_lost = lost if self.settings.episodic_life else np.zeros_like(lost)
+            terminated = terminated | self._life_lost
+        self._lives = lives
+        train_reward = np.sign(score) if self.settings.reward_clipping else score
+        step_info = {EPISODE_SCORE: score, GAME_OVER: game_over, "lives": lives}
+        return self._images(obs), train_reward.astype(np.float32), terminated, truncated, step_info
+
+    def close(self, **kwargs: Any) -> None:
+        if self._pool is not None:
+            self._pool.close()
+            self._pool = None
+
+
+def make_atari_vector_env(
+    env_id: str,
+    backend: str,
+    num_envs: int,
+    kwargs: dict[str, Any],
+    max_episode_steps: int | None,
+    frame_stack: int,
+    num_threads: int,
+) -> AtariVectorEnv:
+    """The vector env of one env rank for `env.preset: atari` (an `EnvError` naming the field
+    for an unknown game, setting or backend)."""
+    if backend not in ATARI_BACKENDS:
+        raise EnvError(
+            f"env.preset = 'atari' runs on a C++ vector env: env.vectorization = {backend!r} is "
+            f"not allowed, expected one of {', '.join(ATARI_BACKENDS)}"
+        )
+    game = atari_game(env_id)
+    settings = atari_settings(kwargs, max_episode_steps)
+    check_backend_installed(backend)
+    try:
+        return AtariVectorEnv(game, backend, num_envs, settings, frame_stack, num_threads)
+    except EnvError:
+        raise
+    except Exception as err:
+        raise EnvError(
+            f"env.id = {env_id!r} on env.vectorization = {backend!r}: making the vector env "
+            f"failed: {type(err).__name__}: {err}"
+        ) from err
