@@ -102,6 +102,30 @@ def atari_settings(kwargs: dict[str, Any], max_episode_steps: int | None) -> Ata
     return settings
 
 
+# Random and human scores per game, as the Atari-57 literature normalises with (the table of
+# Badia et al. 2020, Agent57, from Mnih et al. 2015): (score - random) / (human - random).
+_RANDOM_AND_HUMAN = {
+    "asterix": (210.0, 8503.3),
+    "beam_rider": (363.9, 16926.5),
+    "breakout": (1.7, 30.5),
+    "enduro": (0.0, 860.5),
+    "ms_pacman": (307.3, 6951.6),
+    "pong": (-20.7, 14.6),
+    "qbert": (163.9, 13455.0),
+    "seaquest": (68.4, 42054.7),
+    "space_invaders": (148.0, 1668.7),
+}
+
+
+def human_normalized_score(game: str, score: float) -> float:
+    """`score` on `game` as a fraction of the way from random to human play (NaN for a game
+    outside the table, or no score)."""
+    if game not in _RANDOM_AND_HUMAN or score is None:
+        return float("nan")
+    random, human = _RANDOM_AND_HUMAN[game]
+    return (float(score) - random) / (human - random)
+
+
 def _snake(name: str) -> str:
     return re.sub(r"(?<!^)(?=[A-Z])", "_", name).lower()
 

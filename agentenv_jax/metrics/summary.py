@@ -58,6 +58,14 @@ def write_summary(
         "compiled_programs": compiled.programs,
         "compile_cache_hits": compiled.cache_hits,
     }
+    config = getattr(learner, "config", None)
+    if config is not None and config.env.preset == "atari":
+        from agentenv_jax.envs.atari import atari_game, human_normalized_score
+
+        # The mean game score from random (0) to human play (1), what Atari suites compare.
+        summary["human_normalized_score"] = human_normalized_score(
+            atari_game(config.env.id), learner.episode_return_mean
+        )
     if getattr(learner, "env_rank_usage", None) is not None:
         # CPU seconds over wall seconds of each env rank's process, from its actor's start to
         # its final report: what waiting ranks burn; its peak resident memory, and whether it
