@@ -57,7 +57,7 @@ def test_overrides_parse_yaml_values():
         (["run.seed=abc"], r"run.seed = 'abc' is not allowed: expected an integer"),
         (
             ["env.vectorization=synk"],
-            r"expected one of 'sync', 'async', 'native' \(did you mean 'sync'",
+            r"expected one of 'sync', 'async', 'native', 'envpool', 'ale' \(did you mean 'sync'",
         ),
         (
             ["env.global_num_envs=0"],

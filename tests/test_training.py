@@ -318,6 +318,10 @@ def test_every_experiment_runs_with_a_tiny_budget(path, run_dir):
         ]
     else:
         overrides += ["run.total_env_steps=1"]
+    if load_config(path).env.preset == "atari":
+        # The evaluation's games end at 100 agent steps (an untrained policy rarely loses five
+        # lives of Breakout sooner, and may play until the 108 K-frame limit).
+        overrides += ["env.max_episode_steps=100"]
     if load_config(path).network.language_model.pretrained is not None:
         # A pretrained model (135 M parameters) trains on one group of answers (two at least):
         # loading, compiling and stepping it is the check, not the size of its batch.
@@ -342,6 +346,8 @@ def test_every_experiment_runs_with_a_tiny_budget(path, run_dir):
         env.close()
     elif is_text_env(config.env.id):  # lengths in messages, up to the task's turns
         limit = make_text_vector_env(config.env.id, 1, config.env.kwargs).max_turns
+    elif config.env.preset == "atari":  # whole games, cut at the frame limit
+        limit = config.env.max_episode_steps
     else:
         limit = gym.spec(config.env.id).max_episode_steps or math.inf  # Catch: when a ball lands
     assert all(1 <= n <= limit for n in evaluation.lengths)

@@ -53,11 +53,8 @@ class EnvConfig:
     id: str = "CartPole-v1"  # Gymnasium id, or "package.module:factory" returning a gymnasium.Env
     kwargs: dict[str, Any] = field(default_factory=dict)  # keyword arguments for gym.make / factory
     global_num_envs: int = 8  # environments across all env ranks, split as evenly as possible
-    # sync, async or native (Gymnasium's); envpool or ale (C++ vector envs, env.preset: atari)
-    vectorization: VectorizationMode = "sync"
-    # atari: the standard Atari pipeline on a C++ vector env (docs/atari.md); env.kwargs
-    # overrides its settings by name, env.frame_stack is its stack size.
-    preset: EnvPreset = "none"
+    vectorization: VectorizationMode = "sync"  # sync, async, native; envpool, ale (C++: Atari)
+    preset: EnvPreset = "none"  # atari: the Atari pipeline, env.kwargs its settings (docs/atari.md)
     num_threads: int = 0  # threads of a C++ vector env on each env rank (0: one per core)
     max_episode_steps: int | None = None  # override the env's time limit (None keeps its own)
     normalize_obs: bool = False  # running mean/std observation normalization, merged over ranks

@@ -160,6 +160,7 @@ def on_policy_model(
             *language_model_training(config, spaces.text, total_updates, constrain_rows)
         )
     module, apply_fn = actor_critic_for(config.network, spaces)
+    torso = getattr(module, "torso", "mlp")  # (per-group policies of multi-agent envs: MLPs)
     update, optimizer = make_on_policy_update(
         config,
         apply_fn,
@@ -168,7 +169,7 @@ def on_policy_model(
         constrain_rows,
         agent_row_groups(spaces),
         data_axis,
-        unroll=cpu_unrolls(jax.default_backend(), module.torso, spaces.obs_shape),
+        unroll=cpu_unrolls(jax.default_backend(), torso, spaces.obs_shape),
     )
 
     def train_state(params: Any, key: jax.Array) -> TrainState:

@@ -9,7 +9,8 @@ With `video_dir`, the env renders `rgb_array` frames and Gymnasium's `RecordVide
 MP4 per episode there (`pip install 'agentenv_jax[video]'`: moviepy, and pygame for the
 classic-control envs' rendering). A text env's episodes are dialogues (`text_dialogues`): the
 evaluation keeps them and their accuracy; deterministic play decodes (nearly) greedily. A run
-with `env.backend: jax` plays its gymnax env instead (`jax_evaluation`; no videos).
+with `env.backend: jax` plays its gymnax env instead (`jax_evaluation`; no videos). An Atari
+run (`env.preset: atari`) plays whole games on its C++ vector env, scored by the game.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from agentenv_jax.checkpoint.store import CheckpointError
 from agentenv_jax.config.errors import ConfigError
 from agentenv_jax.config.loading import load_config
 from agentenv_jax.config.schema import ExperimentConfig, SACConfig
+from agentenv_jax.envs.atari import EPISODE_SCORE, GAME_OVER
 from agentenv_jax.envs.factory import (
     EVAL_SEED_BASE,
     EnvError,
@@ -192,7 +194,7 @@ def _noise(rng: np.random.Generator, spaces: EnvSpaces, rows: int) -> np.ndarray
     return rng.gumbel(size=(rows, spaces.action_size)).astype(np.float32)
 
 
-def _play_multi_agent_episodes(
+def _play_vector_env_episodes(
     config: ExperimentConfig,
     meta: dict[str, Any],
     state: Any,
@@ -200,10 +202,19 @@ def _play_multi_agent_episodes(
     deterministic: bool,
     seed: int,
 ) -> tuple[list[float], list[int]]:
-    """One multi-agent env's episodes on `seeds`, every agent acting with the run's policy:
-    each episode's team return (rewards summed over agents and steps) and length in env
-    steps."""
-    env = make_vector_env(config.env, 1, config.network.critic)
+    """Episodes on `seeds` of a vector env of one env (a multi-agent env's agent columns, or an
+    Atari game on its C++ vector env), acting with the run's policy: each episode's return and
+    length in env steps. A multi-agent return is the team's (rewards summed over agents and
+    steps); an Atari episode is a whole game scored by the game (`envs.atari.EPISODE_SCORE`,
+    not the clipped training reward), every life of it, as Atari papers evaluate."""
+    env_config = config.env
+    if env_config.preset == "atari":
+        # Lives do not end evaluation episodes: nothing resets between them but the game.
+        env_config = dataclasses.replace(
+            env_config, kwargs={**env_config.kwargs, "episodic_life": False}
+        )
+    env = make_vector_env(env_config, 1, config.network.critic)
+    scored = bool(getattr(env, "reports_score", False))
     try:
         spaces = vector_env_spaces(config.env.id, env)
         observe = _observe_fn(config, meta, spaces)
@@ -216,9 +227,13 @@ def _play_multi_agent_episodes(
             while not ended:
                 action = np.asarray(act(observe(obs), _noise(rng, spaces, env.num_envs)))
                 obs, reward, _, _, info = env.step(action)
-                total += float(np.sum(reward))
                 steps += 1
-                ended = "final_obs" in info  # the env's episode ended (and auto-reset)
+                if scored:
+                    total += float(info[EPISODE_SCORE][0])
+                    ended = bool(info[GAME_OVER][0])
+                else:
+                    total += float(np.sum(reward))
+                    ended = "final_obs" in info  # the env's episode ended (and auto-reset)
             returns.append(total)
             lengths.append(steps)
     finally:
@@ -334,10 +349,11 @@ def evaluate(
             dialogues=sample,
             pass_at=passed,
         )
-    if is_multi_agent(config.env.id):
+    if is_multi_agent(config.env.id) or config.env.preset == "atari":
         if video_dir is not None:
-            raise ConfigError("--video is not supported for multi-agent envs: evaluate without it")
-        returns, lengths = _play_multi_agent_episodes(
+            kind = "Atari games" if config.env.preset == "atari" else "multi-agent envs"
+            raise ConfigError(f"--video is not supported for {kind}: evaluate without it")
+        returns, lengths = _play_vector_env_episodes(
             config, meta, state, seeds, deterministic, seed
         )
         return Evaluation(run_dir, int(step), deterministic, tuple(returns), tuple(lengths))
