@@ -14,9 +14,10 @@ import numpy as np
 from gymnasium.vector import AutoresetMode
 
 from agentenv_jax.actor.episodes import episode_statistics
+from agentenv_jax.buffers.frame_stacks import write_frames
 from agentenv_jax.buffers.segment_queue import ACTOR_TIMERS, SegmentQueue, segment_counts
 from agentenv_jax.envs import normalization as norm
-from agentenv_jax.envs.atari import EPISODE_SCORE, GAME_OVER
+from agentenv_jax.envs.atari import EPISODE_SCORE, GAME_OVER, STACK_RESTART
 from agentenv_jax.envs.factory import EnvSpaces, autoreset_mode
 from agentenv_jax.envs.faults import fault_mask
 from agentenv_jax.envs.multi_agent.columns import ACTED
@@ -101,6 +102,10 @@ class Actor:
         # Env j (global index) is seeded seed * 1_000_003 + j, whatever the topology.
         self._obs, _ = vector_env.reset(seed=seed * 1_000_003 + env_offset)
         self._obs = np.asarray(self._obs, dtype=self._obs_dtype)
+        # Frame stacks travel as one frame per step (`buffers.frame_stacks`), with where the
+        # stacks the policy acts on started anew: all of them after the reset.
+        self._sends_frames = spaces.stacked_frames > 1
+        self._restart = np.ones(self._num_envs, dtype=bool)
         # NEXT_STEP padding rows of the next vector step; None while there are none.
         self._pending_reset: np.ndarray | None = None
         self._episode_return = np.zeros(self._num_envs, dtype=np.float64)
@@ -232,7 +237,7 @@ class Actor:
         """
         env_s = inference_s = 0.0
         rewards = self._rewards
-        obs_rows, action_rows = fields["obs"], fields["action"]
+        obs_rows, action_rows = fields.get("obs"), fields["action"]
         log_prob_rows, value_rows = fields["log_prob"], fields["value"]
         # The defaults of a row where all envs are valid and none ended; other rows are
         # written as they come.
@@ -259,15 +264,10 @@ class Actor:
             obs_in = self._observe(self._obs)
             if self._normalize_obs:
                 self._raw_obs[t] = self._obs
-            tick = time.perf_counter()
-            action, log_prob, value = self._policy.act(obs_in)
-            env_action = action
-            if self._spaces.action_kind == "continuous":
-                env_action = np.clip(action, self._action_low, self._action_high)
-            tock = time.perf_counter()
-            next_obs, reward, terminated, truncated, info = self._env.step(env_action)
-            env_s += time.perf_counter() - tock
-            inference_s += tock - tick
+            action, log_prob, value, outcome, policy_step_s, env_step_s = self._act_and_step(obs_in)
+            next_obs, reward, terminated, truncated, info = outcome
+            env_s += env_step_s
+            inference_s += policy_step_s
             next_obs = np.asarray(next_obs, dtype=self._obs_dtype)
             rewards[t] = reward
             if self._scored:
@@ -279,7 +279,11 @@ class Actor:
                 np.multiply(self._discounted_return, self._gamma, out=self._discounted_return)
                 self._discounted_return += rewards[t]
                 self._returns[t] = self._discounted_return
-            obs_rows[t] = obs_in
+            if self._sends_frames:
+                write_frames(fields, t, obs_in, self._restart)
+                self._restart = info[STACK_RESTART]
+            else:
+                obs_rows[t] = obs_in
             action_rows[t] = action
             log_prob_rows[t] = log_prob
             value_rows[t] = value
@@ -342,6 +346,43 @@ class Actor:
         self._sequence += 1
         self._segments_filled += 1
         return env_s, inference_s
+
+    def _env_action(self, action: np.ndarray) -> np.ndarray:
+        if self._spaces.action_kind == "continuous":
+            return np.clip(action, self._action_low, self._action_high)
+        return action
+
+    def _act_and_step(self, obs_in: np.ndarray) -> tuple:
+        """The policy's actions for every env and the vector env's step on them: `(action,
+        log_prob, value, (next_obs, reward, terminated, truncated, info), policy seconds, env
+        seconds)`.
+
+        A C++ vector env in groups (`env.num_splits`, `envs.atari.AtariVectorEnv.splits`) is
+        sent each group's actions as soon as the policy has chosen them, so its threads step
+        group k while the policy acts for group k + 1; all groups' results are then received
+        together, and the row is one step of every env as without groups. Env seconds are
+        those spent sending and waiting for the results."""
+        splits = getattr(self._env, "splits", ())
+        if len(splits) <= 1:
+            tick = time.perf_counter()
+            action, log_prob, value = self._policy.act(obs_in)
+            tock = time.perf_counter()
+            outcome = self._env.step(self._env_action(action))
+            return action, log_prob, value, outcome, tock - tick, time.perf_counter() - tock
+        parts, policy_s, env_s = [], 0.0, 0.0
+        for split, rows in enumerate(splits):
+            tick = time.perf_counter()
+            part = self._policy.act(obs_in[rows])
+            tock = time.perf_counter()
+            self._env.send_split(split, self._env_action(part[0]))
+            policy_s += tock - tick
+            env_s += time.perf_counter() - tock
+            parts.append(part)
+        tick = time.perf_counter()
+        outcome = self._env.recv_splits()
+        env_s += time.perf_counter() - tick
+        action, log_prob, value = (np.concatenate(columns) for columns in zip(*parts, strict=True))
+        return action, log_prob, value, outcome, policy_s, env_s
 
     def _end_episodes(
         self,

@@ -11,6 +11,7 @@ import collections
 
 import numpy as np
 
+from agentenv_jax.buffers.frame_stacks import frame_fields
 from agentenv_jax.envs.factory import EnvSpaces
 from agentenv_jax.transport.spec import FieldSpec, MessageSpec
 
@@ -34,6 +35,9 @@ def on_policy_segment_spec(
     raw-observation and discounted-return statistics of this
     segment (to merge into the global normalizers), the actor's timers and a sequence number.
 
+    Frame-stacked images (`spaces.stacked_frames`) carry `obs` as one frame per step
+    (`buffers.frame_stacks.frame_fields`).
+
     Text envs (`spaces.text`): a transition is one message, `obs [T, E, L]` and
     `action [T, E, M]` int32 token ids, `log_prob`/`value` per generated token `[T, E, M]`, and
     two more fields: `response_tokens [T, E]` (tokens generated, EOS included) and
@@ -49,9 +53,12 @@ def on_policy_segment_spec(
             FieldSpec("response_tokens", (t, e), np.int32),
             FieldSpec("episode_success", (t, e), np.float32),
         ]
+    obs_fields = [FieldSpec("obs", (t, e, *spaces.obs_shape), obs_dtype)]
+    if spaces.stacked_frames > 1:
+        obs_fields = frame_fields(t, e, spaces.obs_shape, obs_dtype)
     return MessageSpec(
         [
-            FieldSpec("obs", (t, e, *spaces.obs_shape), obs_dtype),
+            *obs_fields,
             FieldSpec("action", (t, e, *spaces.action_shape), spaces.action_dtype),
             FieldSpec("reward", (t, e), np.float32),
             FieldSpec("log_prob", (t, e, *per_token), np.float32),

@@ -56,6 +56,7 @@ class EnvConfig:
     vectorization: VectorizationMode = "sync"  # sync, async, native; envpool, ale (C++: Atari)
     preset: EnvPreset = "none"  # atari: the Atari pipeline, env.kwargs its settings (docs/atari.md)
     num_threads: int = 0  # threads of a C++ vector env on each env rank (0: one per core)
+    num_splits: int = 1  # C++ envs: groups stepped while the policy acts for the next (send/recv)
     max_episode_steps: int | None = None  # override the env's time limit (None keeps its own)
     normalize_obs: bool = False  # running mean/std observation normalization, merged over ranks
     normalize_reward: bool = False  # scale rewards by the std of the discounted return
@@ -92,7 +93,15 @@ class EnvConfig:
             self.num_threads,
             "0 (one per core) or an integer >= 1",
         )
+        _require(self.num_splits >= 1, f"{prefix}.num_splits", self.num_splits, "an integer >= 1")
         cpp = self.vectorization in ("envpool", "ale")
+        _require(
+            cpp or self.num_splits == 1,
+            f"{prefix}.num_splits",
+            self.num_splits,
+            f"1 with env.vectorization = {self.vectorization!r} (groups stepped asynchronously "
+            "are for the C++ vector envs, envpool and ale)",
+        )
         _require(
             cpp == (self.preset == "atari"),
             f"{prefix}.vectorization",
@@ -659,6 +668,13 @@ class ExperimentConfig:
                 "learner",
                 "'env_ranks' with algorithm.name = 'sac' (its replay actors act with their own "
                 "policy) or env.backend = 'jax' (no env ranks: the learner acts already)",
+            )
+            _require(
+                self.env.num_splits == 1,
+                "env.num_splits",
+                self.env.num_splits,
+                "1 with topology.inference = 'learner' (the learner answers each env rank's "
+                "whole batch of observations in one request)",
             )
         if isinstance(self.algorithm, SACConfig):
             _require(

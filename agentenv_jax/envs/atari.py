@@ -9,11 +9,13 @@ For training only, a lost life ends the episode and rewards are clipped to their
 episode returns reported are the game's own score over whole games.
 
 Both backends are NEXT_STEP vector envs (the step after an episode ended resets it, its action
-ignored), which the actor pads. The C++ envs stack frames themselves (`env.frame_stack` is their
-stack size) and hand them over channel-first; `AtariVectorEnv` lays them out as the network sees
-images, `(84, 84, k)` uint8, and reports each step's score and whether the game ended in `info`
-(`EPISODE_SCORE`, `GAME_OVER`), which the actor's episode statistics read instead of the
-training reward and termination.
+ignored), which the actor pads. The C++ envs hand over each step's newest frame;
+`AtariVectorEnv` stacks the last `env.frame_stack` of them as the network sees images,
+`(84, 84, k)` uint8, a new game's stack holding its first frame k times (as Gymnasium's
+`FrameStackObservation` and EnvPool's own stacks do), so a segment's stacks can travel as one
+frame per step (`buffers.frame_stacks`). It reports each step's score, whether the game ended
+and where stacks restart in `info` (`EPISODE_SCORE`, `GAME_OVER`, `STACK_RESTART`): the actor's
+episode statistics read the first two instead of the training reward and termination.
 """
 
 from __future__ import annotations
@@ -30,10 +32,12 @@ from gymnasium.vector import AutoresetMode
 
 from agentenv_jax.envs.spaces import EnvError
 
-# Keys of a step's `info`: the game's unclipped reward `[E]` float64, and whether the game (not
-# just a life) ended or was cut at the frame limit `[E]` bool.
+# Keys of a step's `info`: the game's unclipped reward `[E]` float64, whether the game (not
+# just a life) ended or was cut at the frame limit `[E]` bool, and whether the observation's
+# frame stack starts anew (a new game's first: its frame k times) `[E]` bool.
 EPISODE_SCORE = "episode_score"
 GAME_OVER = "game_over"
+STACK_RESTART = "stack_restart"
 
 ATARI_BACKENDS = ("envpool", "ale")
 # What `pip install` brings each backend (agentenv_jax[atari] brings both).
@@ -182,8 +186,15 @@ def default_num_threads(num_envs: int) -> int:
 
 class AtariVectorEnv(gym.vector.VectorEnv):
     """`num_envs` games of one env rank on a C++ vector env (`backend`: "envpool" or "ale"),
-    stepped all together by `num_threads` threads, as a NEXT_STEP Gymnasium vector env of
+    stepped by `num_threads` threads, as a NEXT_STEP Gymnasium vector env of
     `(H, W, frame_stack)` uint8 observations.
+
+    The games are `num_splits` groups (`splits`: consecutive rows of every batch), each a C++
+    pool of its own stepped asynchronously: `send_split(k, actions)` starts group k's step and
+    returns at once, `recv_splits()` waits for every group's and returns one step of all the
+    games, so an env rank's policy can act for group k + 1 while the threads step group k.
+    `step` sends every group, then receives. The threads are divided among the groups (at
+    least one each); game j is seeded `seed + j` whatever the groups.
 
     Rewards are clipped here, not by the C++ env, so the unclipped score stays at hand. EnvPool
     keeps the game going after a lost life itself; ALE's vector env ends the whole game then, so
@@ -201,15 +212,27 @@ class AtariVectorEnv(gym.vector.VectorEnv):
         settings: AtariSettings,
         frame_stack: int,
         num_threads: int,
+        num_splits: int = 1,
     ):
         check_backend_installed(backend)
+        if not 1 <= num_splits <= num_envs:
+            raise EnvError(
+                f"env.num_splits = {num_splits} is not allowed: expected 1 to the {num_envs} "
+                "envs of this env rank (each group steps at least one game)"
+            )
         self.game = game
         self.backend = backend
         self.num_envs = num_envs
         self.settings = settings
-        self._frame_stack = frame_stack
-        self._num_threads = num_threads or default_num_threads(num_envs)
-        self._pool: Any = None
+        self.stacked_frames = frame_stack  # the stack's rule is `buffers.frame_stacks`'
+        groups = np.array_split(np.arange(num_envs), num_splits)
+        self.splits = tuple(slice(int(rows[0]), int(rows[-1]) + 1) for rows in groups)
+        num_threads = num_threads or default_num_threads(num_envs)
+        threads = np.array_split(np.arange(num_threads), num_splits)
+        self._threads = [
+            max(1, min(len(rows), len(part))) for rows, part in zip(groups, threads, strict=True)
+        ]
+        self._pools: list[Any] = []
         self._seed: int | None = None
         self._make(seed=0)
         height, width = settings.img_height, settings.img_width
@@ -224,24 +247,41 @@ class AtariVectorEnv(gym.vector.VectorEnv):
         self._lives = np.zeros(num_envs, dtype=np.int64)
         self._life_lost = np.zeros(num_envs, dtype=bool)  # ale: the next step is padding
         self._carried_score = np.zeros(num_envs, dtype=np.float64)
+        # The frame stacks, channel-first (a shift moves whole frames), and which games ended
+        # on the last step (the next step's frame starts a new game's stack).
+        self._stacks = np.zeros((num_envs, frame_stack, height, width), dtype=np.uint8)
+        self._game_over = np.zeros(num_envs, dtype=bool)
+
+    @property
+    def num_splits(self) -> int:
+        return len(self.splits)
 
     def _make(self, seed: int) -> None:
-        if self._pool is not None and self._seed == seed:
+        if self._pools and self._seed == seed:
             return
-        if self._pool is not None:
-            self._pool.close()
+        self._close_pools()
+        self._pools = [
+            self._make_pool(rows.stop - rows.start, threads, seed + rows.start)
+            for rows, threads in zip(self.splits, self._threads, strict=True)
+        ]
+        self._seed = seed
+        self._num_actions = int(self._pools[0].single_action_space.n)
+
+    def _make_pool(self, num_envs: int, num_threads: int, seed: int) -> Any:
+        """One group's C++ pool of `num_envs` games, game i seeded `seed + i` (EnvPool takes
+        its seed when made, ALE's vector env at each reset)."""
         s = self.settings
         if self.backend == "envpool":
             import envpool
 
-            self._pool = envpool.make(
+            return envpool.make(
                 f"{_camel(self.game)}-v5",
                 env_type="gymnasium",
-                num_envs=self.num_envs,
-                batch_size=self.num_envs,
-                num_threads=self._num_threads,
+                num_envs=num_envs,
+                batch_size=num_envs,
+                num_threads=num_threads,
                 seed=seed,
-                stack_num=self._frame_stack,
+                stack_num=1,
                 frame_skip=s.frameskip,
                 noop_max=max(s.noop_max, 1),  # EnvPool's 1 is none: it draws from [0, noop_max)
                 episodic_life=s.episodic_life,
@@ -253,59 +293,91 @@ class AtariVectorEnv(gym.vector.VectorEnv):
                 full_action_space=s.full_action_space,
                 use_fire_reset=s.use_fire_reset,
             )
-        else:
-            from ale_py.vector_env import AtariVectorEnv as ALEVectorEnv
+        from ale_py.vector_env import AtariVectorEnv as ALEVectorEnv
 
-            self._pool = ALEVectorEnv(
-                self.game,
-                self.num_envs,
-                num_threads=self._num_threads,
-                stack_num=self._frame_stack,
-                frameskip=s.frameskip,
-                noop_max=s.noop_max,
-                episodic_life=False,  # it would reset the whole game on a lost life
-                reward_clipping=False,
-                max_num_frames_per_episode=s.max_num_frames_per_episode,
-                img_height=s.img_height,
-                img_width=s.img_width,
-                repeat_action_probability=s.repeat_action_probability,
-                full_action_space=s.full_action_space,
-                use_fire_reset=s.use_fire_reset,
-            )
-        self._seed = seed
-        self._num_actions = int(self._pool.single_action_space.n)
+        return ALEVectorEnv(
+            self.game,
+            num_envs,
+            num_threads=num_threads,
+            stack_num=1,
+            frameskip=s.frameskip,
+            noop_max=s.noop_max,
+            episodic_life=False,  # it would reset the whole game on a lost life
+            reward_clipping=False,
+            max_num_frames_per_episode=s.max_num_frames_per_episode,
+            img_height=s.img_height,
+            img_width=s.img_width,
+            repeat_action_probability=s.repeat_action_probability,
+            full_action_space=s.full_action_space,
+            use_fire_reset=s.use_fire_reset,
+        )
 
     def reset(self, *, seed: int | None = None, options: dict | None = None):
         if self.backend == "envpool":
-            # EnvPool takes its seed when made: a new seed makes the pool anew.
+            # EnvPool takes its seed when made: a new seed makes the pools anew.
             self._make(seed=0 if seed is None else seed)
-            obs, info = self._pool.reset()
+            results = [pool.reset() for pool in self._pools]
         else:
-            obs, info = self._pool.reset(seed=seed)
-        self._lives[:] = info["lives"]
+            results = [
+                pool.reset(seed=None if seed is None else seed + rows.start)
+                for pool, rows in zip(self._pools, self.splits, strict=True)
+            ]
+        self._stacks[...] = np.concatenate([obs for obs, _ in results])
+        self._lives[:] = np.concatenate([info["lives"] for _, info in results])
         self._life_lost[:] = False
         self._carried_score[:] = 0.0
-        return self._images(obs), {}
+        self._game_over[:] = False
+        return self._images(), {STACK_RESTART: np.ones(self.num_envs, dtype=bool)}
 
-    def _images(self, obs: np.ndarray) -> np.ndarray:
-        return np.ascontiguousarray(np.asarray(obs).transpose(0, 2, 3, 1))
+    def _images(self) -> np.ndarray:
+        """The stacks as the network sees images: `[E, H, W, k]` uint8 (a copy)."""
+        return np.ascontiguousarray(self._stacks.transpose(0, 2, 3, 1))
+
+    def _push_frames(self, frames: np.ndarray) -> np.ndarray:
+        """Each game's stack moved on by its newest frame `frames [E, 1, H, W]`, or started
+        anew with it k times after a game over; returns where stacks restarted `[E]`."""
+        restart = self._game_over
+        self._stacks[:, :-1] = self._stacks[:, 1:]  # (numpy copies overlapping views safely)
+        self._stacks[:, -1:] = frames
+        if restart.any():
+            self._stacks[restart] = frames[restart]
+        return restart
+
+    def send_split(self, split: int, actions: np.ndarray) -> None:
+        """Start one step of group `split`'s games with `actions [n]` (its rows of a batch);
+        returns without waiting for it."""
+        rows = self.splits[split]
+        actions = np.asarray(actions, dtype=np.int32).reshape(rows.stop - rows.start)
+        lost = self._life_lost[rows]
+        if lost.any():
+            actions = np.where(lost, NOOP_ACTION, actions)
+        self._pools[split].send(actions)
+
+    def recv_splits(self):
+        """Wait for the step every group was sent (`send_split`) and return it for all the
+        games, as `step` does."""
+        parts = [_in_env_order(*pool.recv()) for pool in self._pools]
+        obs, reward, terminated, truncated = (
+            np.concatenate([part[i] for part in parts]) for i in range(4)
+        )
+        info = {
+            key: np.concatenate([part[4][key] for part in parts])
+            for key in ("lives", "terminated")
+            if key in parts[0][4]
+        }
+        return self._outcome(obs, reward, terminated, truncated, info)
 
     def step(self, actions: np.ndarray):
-        actions = np.asarray(actions, dtype=np.int32).reshape(self.num_envs)
-        if self._life_lost.any():
-            actions = np.where(self._life_lost, NOOP_ACTION, actions)
-        obs, reward, terminated, truncated, info = self._pool.step(actions)
-        order = info.get("env_id")
-        if order is not None and (np.diff(order) < 0).any():
-            # The C++ pool returns its batch in the order the envs finished: put it in env order.
-            rank = np.argsort(order)
-            obs, reward, terminated, truncated = (
-                obs[rank],
-                reward[rank],
-                terminated[rank],
-                truncated[rank],
-            )
-            info = {k: v[rank] if np.ndim(v) else v for k, v in info.items()}
+        actions = np.asarray(actions).reshape(self.num_envs)
+        for split, rows in enumerate(self.splits):
+            self.send_split(split, actions[rows])
+        return self.recv_splits()
+
+    def _outcome(self, frames, reward, terminated, truncated, info):
+        """One step of all the games as the actor reads it: the frame stacks, the training
+        reward (clipped), terminations at lost lives, and the game's score and end and where
+        stacks restarted in `info`."""
+        restart = self._push_frames(np.asarray(frames))
         score = np.asarray(reward, dtype=np.float64)
         terminated = np.asarray(terminated, dtype=bool)
         truncated = np.asarray(truncated, dtype=bool)
@@ -322,14 +394,34 @@ class AtariVectorEnv(gym.vector.VectorEnv):
             self._life_lost = lost if self.settings.episodic_life else np.zeros_like(lost)
             terminated = terminated | self._life_lost
         self._lives = lives
+        self._game_over = game_over
         train_reward = np.sign(score) if self.settings.reward_clipping else score
-        step_info = {EPISODE_SCORE: score, GAME_OVER: game_over, "lives": lives}
-        return self._images(obs), train_reward.astype(np.float32), terminated, truncated, step_info
+        step_info = {
+            EPISODE_SCORE: score,
+            GAME_OVER: game_over,
+            STACK_RESTART: restart,
+            "lives": lives,
+        }
+        return self._images(), train_reward.astype(np.float32), terminated, truncated, step_info
+
+    def _close_pools(self) -> None:
+        for pool in self._pools:
+            pool.close()
+        self._pools = []
 
     def close(self, **kwargs: Any) -> None:
-        if self._pool is not None:
-            self._pool.close()
-            self._pool = None
+        self._close_pools()
+
+
+def _in_env_order(obs, reward, terminated, truncated, info):
+    """A C++ pool's step in the order of its games: the pool returns its batch in the order
+    the games finished."""
+    order = info.get("env_id")
+    if order is None or not (np.diff(order) < 0).any():
+        return obs, reward, terminated, truncated, info
+    rank = np.argsort(order)
+    info = {k: v[rank] if np.ndim(v) else v for k, v in info.items()}
+    return obs[rank], reward[rank], terminated[rank], truncated[rank], info
 
 
 def make_atari_vector_env(
@@ -340,9 +432,10 @@ def make_atari_vector_env(
     max_episode_steps: int | None,
     frame_stack: int,
     num_threads: int,
+    num_splits: int = 1,
 ) -> AtariVectorEnv:
     """The vector env of one env rank for `env.preset: atari` (an `EnvError` naming the field
-    for an unknown game, setting or backend)."""
+    for an unknown game, setting, backend or number of groups)."""
     if backend not in ATARI_BACKENDS:
         raise EnvError(
             f"env.preset = 'atari' runs on a C++ vector env: env.vectorization = {backend!r} is "
@@ -352,7 +445,9 @@ def make_atari_vector_env(
     settings = atari_settings(kwargs, max_episode_steps)
     check_backend_installed(backend)
     try:
-        return AtariVectorEnv(game, backend, num_envs, settings, frame_stack, num_threads)
+        return AtariVectorEnv(
+            game, backend, num_envs, settings, frame_stack, num_threads, num_splits
+        )
     except EnvError:
         raise
     except Exception as err:

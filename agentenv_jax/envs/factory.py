@@ -143,6 +143,7 @@ def make_vector_env(
             config.max_episode_steps,
             config.frame_stack,
             config.num_threads,
+            config.num_splits,
         )
     if config.vectorization == "native":
         if ":" in config.id and config.id not in gym.registry:
@@ -220,6 +221,9 @@ def vector_env_spaces(env_id: str, vector_env: gym.vector.VectorEnv) -> EnvSpace
     spaces = describe_spaces(
         env_id, vector_env.single_observation_space, vector_env.single_action_space
     )
+    stacked_frames = getattr(vector_env, "stacked_frames", 0)
+    if stacked_frames > 1 and spaces.is_image and len(spaces.obs_shape) == 3:
+        spaces = dataclasses.replace(spaces, stacked_frames=stacked_frames)
     if not isinstance(vector_env, AgentColumns):
         return spaces
     return dataclasses.replace(

@@ -85,6 +85,10 @@ class EnvSpaces:
     # Text envs (`envs.text`): observations `[context_length]` and actions `[response_length]`
     # are int32 token ids; None for every other env.
     text: TextSpec | None = None
+    # Images `(H, W, k)` whose last axis stacks an env's last k frames, a new game's stack its
+    # first frame k times: segments carry one frame per step (`buffers.frame_stacks`); 0: the
+    # observations travel whole.
+    stacked_frames: int = 0
 
     @property
     def agent_id_at(self) -> int:

@@ -19,6 +19,7 @@ from jax.sharding import Mesh, PartitionSpec
 from agentenv_jax.algorithms.ppo import (
     TrainState,
 )
+from agentenv_jax.buffers.frame_stacks import restack, stacked_obs_field
 from agentenv_jax.buffers.segment_queue import ACTOR_TIMERS, segment_counts
 from agentenv_jax.config.schema import ExperimentConfig
 from agentenv_jax.envs import normalization as norm
@@ -106,7 +107,9 @@ def rollout_shapes(segment_specs: list[MessageSpec]) -> dict[str, jax.ShapeDtype
     joined along the env axis, `[B, ...]` ones along the first."""
 
     def joined(name: str, axis: int) -> jax.ShapeDtypeStruct:
-        fields = [spec[name] for spec in segment_specs]
+        fields = [
+            stacked_obs_field(spec) if name == "obs" else spec[name] for spec in segment_specs
+        ]
         shape = list(fields[0].shape)
         shape[axis] = sum(field.shape[axis] for field in fields)
         return jax.ShapeDtypeStruct(tuple(shape), fields[0].dtype)
@@ -492,6 +495,11 @@ class Learner:
         buffers = self._channel.receive_round(self.config.run.transport_timeout_s, serve=serve)
         self.rounds += 1
         segments = [spec.views(buf) for spec, buf in zip(self._segment_specs, buffers, strict=True)]
+        for segment in segments:
+            if "obs_frame" in segment:  # stacked again here (`buffers.frame_stacks`)
+                segment["obs"] = restack(
+                    segment["obs_frame"], segment["obs_head"], segment["obs_restart"]
+                )
         rollout = {
             name: np.concatenate([s[name] for s in segments], axis=1) for name in ROLLOUT_FIELDS
         }

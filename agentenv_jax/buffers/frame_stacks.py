@@ -1,0 +1,68 @@
+"""Frame-stacked images sent once per frame: a segment's `[T, E, H, W, k]` observations hold
+each frame up to k times (consecutive stacks share k - 1 frames), so they travel as each step's
+newest frame `obs_frame [T, E, H, W]`, the k - 1 older frames of the segment's first step
+`obs_head [E, H, W, k - 1]`, and `obs_restart [T, E]`, where a stack starts anew (a new game's
+first observation: k copies of its frame). The learner stacks them again (`restack`).
+
+This holds for envs whose stacks follow that rule exactly (`EnvSpaces.stacked_frames`: the
+Atari pipeline, `envs.atari`); about k times fewer bytes per segment for k-frame stacks.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from agentenv_jax.transport.spec import FieldSpec, MessageSpec
+
+FRAME_FIELDS = ("obs_frame", "obs_head", "obs_restart")
+
+
+def frame_fields(
+    rollout_length: int, num_envs: int, obs_shape: tuple[int, ...], dtype: np.dtype
+) -> list[FieldSpec]:
+    """The fields that replace a segment's `obs [T, E, H, W, k]`."""
+    *image, k = obs_shape
+    return [
+        FieldSpec("obs_frame", (rollout_length, num_envs, *image), dtype),
+        FieldSpec("obs_head", (num_envs, *image, k - 1), dtype),
+        FieldSpec("obs_restart", (rollout_length, num_envs), np.uint8),
+    ]
+
+
+def sends_frames(spec: MessageSpec) -> bool:
+    """Whether segments of `spec` carry their observations as frames (`frame_fields`)."""
+    return any(field.name == "obs_frame" for field in spec.fields)
+
+
+def stacked_obs_field(spec: MessageSpec) -> FieldSpec:
+    """The `obs [T, E, H, W, k]` field a segment of `spec` stands for."""
+    if not sends_frames(spec):
+        return spec["obs"]
+    frame, head = spec["obs_frame"], spec["obs_head"]
+    return FieldSpec("obs", (*frame.shape, head.shape[-1] + 1), frame.dtype)
+
+
+def write_frames(
+    fields: dict[str, np.ndarray], t: int, obs: np.ndarray, restart: np.ndarray
+) -> None:
+    """Row `t` of a segment's frame fields from the stacks `obs [E, H, W, k]` its step acted
+    on, `restart [E]` (bool) where they started anew."""
+    fields["obs_frame"][t] = obs[..., -1]
+    fields["obs_restart"][t] = restart
+    if t == 0:
+        fields["obs_head"][...] = obs[..., :-1]
+
+
+def restack(frames: np.ndarray, head: np.ndarray, restart: np.ndarray) -> np.ndarray:
+    """The stacks `[T, E, H, W, k]` of one segment: `frames [T, E, H, W]`, `head
+    [E, H, W, k - 1]` and `restart [T, E]` as `write_frames` wrote them. Row t's stack is the
+    previous row's shifted by one frame with `frames[t]` last, or `frames[t]` k times where
+    `restart[t]` (row 0 continues `head`)."""
+    stacks = np.empty((*frames.shape, head.shape[-1] + 1), dtype=frames.dtype)
+    stacks[..., -1] = frames
+    stacks[0, ..., :-1] = head
+    restarts = restart.astype(bool).reshape(*restart.shape, *(1,) * (frames.ndim - 1))
+    for t in range(1, len(frames)):
+        np.copyto(stacks[t, ..., :-1], stacks[t - 1, ..., 1:])
+        np.copyto(stacks[t, ..., :-1], frames[t, ..., None], where=restarts[t])
+    return stacks
