@@ -11,10 +11,17 @@ chunk with it, is a raw one-way stream of the same number of bytes: `comm.Send` 
 Both sides are timed on the receiver from a barrier to the last message's arrival. The ratio is
 transport bytes/s over raw bytes/s, median over rounds. Goal: >= 0.8.
 
+`--layout atari` streams Atari segments instead (`T` x `E` steps of `(84, 84, 4)` uint8 frame
+stacks, `pong_ppo`'s 128 x 8 by default) in both layouts: whole stacks, and one frame per step
+(`buffers.frame_stacks`), and times the learner's re-stacking of a received frame segment
+(`restack`, on rank 0 after the rounds). It prints the frame layout's seconds per segment,
+re-stacking included, over the whole layout's.
+
 Recorded in docs/benchmarks.md ("Current results", section 2) from the first command:
 
     python benchmarks/transport_efficiency.py
     python benchmarks/transport_efficiency.py --envs 8 64 585 --credits 1 2 8 --rounds 9
+    python benchmarks/transport_efficiency.py --layout atari --envs 8 4 --rollout-length 128
 """
 
 from __future__ import annotations
@@ -33,17 +40,49 @@ RESULT_PREFIX = "TRANSPORT_EFFICIENCY_RESULT "
 RAW_TAG = 907  # not one of the transport's tags; each case also runs on its own communicator
 
 
-def cartpole_segment_spec(rollout_length: int, num_envs: int) -> Any:
-    """The segment layout a CartPole-v1 env rank with `num_envs` envs sends."""
+LAYOUTS = {"cartpole": ("cartpole",), "atari": ("atari-whole", "atari-frames")}
+
+
+def segment_spec(layout: str, rollout_length: int, num_envs: int) -> Any:
+    """The segment layout an env rank with `num_envs` envs sends: CartPole-v1's, or Atari's
+    `(84, 84, 4)` frame stacks whole (`atari-whole`) or one frame per step (`atari-frames`)."""
     import gymnasium as gym
 
     from agentenv_jax.buffers.segment_queue import on_policy_segment_spec
-    from agentenv_jax.envs.factory import describe_spaces
+    from agentenv_jax.envs.factory import EnvSpaces, describe_spaces
 
-    env = gym.make("CartPole-v1")
-    spaces = describe_spaces("CartPole-v1", env.observation_space, env.action_space)
-    env.close()
+    if layout == "cartpole":
+        env = gym.make("CartPole-v1")
+        spaces = describe_spaces("CartPole-v1", env.observation_space, env.action_space)
+        env.close()
+    else:
+        spaces = EnvSpaces(
+            obs_shape=(84, 84, 4),
+            action_kind="discrete",
+            action_size=6,
+            action_shape=(),
+            action_low=None,
+            action_high=None,
+            obs_dtype="uint8",
+            stacked_frames=4 if layout == "atari-frames" else 0,
+        )
     return on_policy_segment_spec(spaces, rollout_length, num_envs)
+
+
+def restack_seconds(spec: Any, rng: np.random.Generator, repeats: int = 5) -> float:
+    """The learner's seconds to stack one frame segment of `spec` again (median of `repeats`),
+    random frames with a game restarting every ~300 steps."""
+    from agentenv_jax.buffers.frame_stacks import restack
+
+    fields = spec.views(spec.allocate())
+    fields["obs_frame"][...] = rng.integers(0, 256, fields["obs_frame"].shape, dtype=np.uint8)
+    fields["obs_restart"][...] = rng.random(fields["obs_restart"].shape) < 1 / 300
+    times = []
+    for _ in range(repeats):
+        started = time.perf_counter()
+        restack(fields["obs_frame"], fields["obs_head"], fields["obs_restart"])
+        times.append(time.perf_counter() - started)
+    return statistics.median(times)
 
 
 def _raw_chunk(comm: Any, buffer: np.ndarray, count: int) -> float:
@@ -81,7 +120,7 @@ def _transport_chunk(comm: Any, channel: Any, queue: Any, count: int, timeout_s:
 
 
 def run_case(
-    world: Any, args: argparse.Namespace, num_envs: int, credits: int
+    world: Any, args: argparse.Namespace, layout: str, num_envs: int, credits: int
 ) -> dict[str, Any] | None:
     """Both sides of one (segment size, credits) case, interleaved; rank 0 returns the result."""
     from agentenv_jax.buffers.segment_queue import SegmentQueue
@@ -91,7 +130,7 @@ def run_case(
     # cancelled receive) can match a message of this one.
     comm = world.Dup()
     rank = comm.Get_rank()
-    spec = cartpole_segment_spec(args.rollout_length, num_envs)
+    spec = segment_spec(layout, args.rollout_length, num_envs)
     raw_buffer = np.zeros(spec.nbytes, dtype=np.uint8)
     param_nbytes = 8  # no parameters are broadcast here
     if rank == 0:
@@ -148,7 +187,12 @@ def run_case(
     comm.Free()
     if rank != 0:
         return None
+    restack_s = None
+    if layout == "atari-frames":
+        restack_s = restack_seconds(spec, np.random.default_rng(0))
     return {
+        "layout": layout,
+        "restack_s": restack_s,
         "num_envs": num_envs,
         "rollout_length": args.rollout_length,
         "nbytes": spec.nbytes,
@@ -169,9 +213,10 @@ def worker(args: argparse.Namespace) -> None:
         raise SystemExit("transport_efficiency needs exactly 2 ranks (mpiexec -n 2)")
     for num_envs in args.envs:
         for credits in args.credits:
-            result = run_case(world, args, num_envs, credits)
-            if result is not None:
-                print(RESULT_PREFIX + json.dumps(result), flush=True)
+            for layout in LAYOUTS[args.layout]:
+                result = run_case(world, args, layout, num_envs, credits)
+                if result is not None:
+                    print(RESULT_PREFIX + json.dumps(result), flush=True)
 
 
 def launch(args: argparse.Namespace) -> list[dict[str, Any]]:
@@ -180,7 +225,7 @@ def launch(args: argparse.Namespace) -> list[dict[str, Any]]:
 
 def print_report(results: list[dict[str, Any]]) -> None:
     header = (
-        f"{'segment':>10} {'bytes':>9} {'credits':>7} | {'raw MB/s':>9} {'transport MB/s':>14} | "
+        f"{'segment':>24} {'bytes':>11} {'credits':>7} | {'raw MB/s':>9} {'transport MB/s':>14} | "
         f"{'ratio':>5} {'min':>5} {'max':>5} {'goal':>5} | {'raw us/msg':>10} "
         f"{'transport us/msg':>16}"
     )
@@ -192,14 +237,37 @@ def print_report(results: list[dict[str, Any]]) -> None:
         raw_rates = [nbytes * raw_messages / s for s in case["raw_s"]]
         transport_rates = [nbytes * transport_messages / s for s in case["transport_s"]]
         ratios = [t / r for t, r in zip(transport_rates, raw_rates, strict=True)]
-        shape = f"{case['rollout_length']}x{case['num_envs']}"
+        shape = f"{case['layout']} {case['rollout_length']}x{case['num_envs']}"
         print(
-            f"{shape:>10} {nbytes:>9,} {case['credits']:>7} | "
+            f"{shape:>24} {nbytes:>11,} {case['credits']:>7} | "
             f"{statistics.median(raw_rates) / 1e6:>9,.0f} "
             f"{statistics.median(transport_rates) / 1e6:>14,.0f} | "
             f"{common.ratio_cells(ratios, GOAL)} | "
             f"{1e6 * statistics.median(case['raw_s']) / raw_messages:>10.1f} "
             f"{1e6 * statistics.median(case['transport_s']) / transport_messages:>16.1f}"
+        )
+
+
+def print_frame_ratios(results: list[dict[str, Any]]) -> None:
+    """Atari: a frame segment's seconds (sent, then re-stacked) over a whole segment's."""
+    whole = {(c["num_envs"], c["credits"]): c for c in results if c["layout"] == "atari-whole"}
+    common.print_header(
+        f"{'segment':>10} {'credits':>7} | {'bytes':>7} {'whole ms':>9} {'frames ms':>10} "
+        f"{'restack ms':>11} | {'frames + restack / whole':>25}"
+    )
+    for case in results:
+        if case["layout"] != "atari-frames":
+            continue
+        base = whole[case["num_envs"], case["credits"]]
+        seconds = [
+            statistics.median(c["transport_s"]) / c["transport_messages_per_round"]
+            for c in (base, case)
+        ]
+        print(
+            f"{case['rollout_length']}x{case['num_envs']:<7} {case['credits']:>7} | "
+            f"{case['nbytes'] / base['nbytes']:>7.3f} {1e3 * seconds[0]:>9.2f} "
+            f"{1e3 * seconds[1]:>10.2f} {1e3 * case['restack_s']:>11.2f} | "
+            f"{(seconds[1] + case['restack_s']) / seconds[0]:>25.3f}"
         )
 
 
@@ -220,6 +288,12 @@ def _parser() -> argparse.ArgumentParser:
         help="max_inflight_segments values to measure (the config default is 2)",
     )
     parser.add_argument("--rollout-length", type=int, default=32, help="T of each segment")
+    parser.add_argument(
+        "--layout",
+        choices=sorted(LAYOUTS),
+        default="cartpole",
+        help="CartPole segments, or Atari's frame stacks whole and one frame per step",
+    )
     common.add_round_arguments(parser, rounds=7, chunk_seconds=0.05, seconds=0.6)
     common.add_mpi_job_arguments(parser, job_timeout_s=900.0)
     return parser
@@ -233,6 +307,9 @@ def main() -> None:
     print(common.rounds_line(args, "transport / raw Send-Recv bytes/s", GOAL))
     results = launch(args)
     print_report(results)
+    if args.layout == "atari":
+        print()
+        print_frame_ratios(results)
     print(
         "\nus/msg: receiver-side microseconds per segment. The raw side is a blocking "
         "Send/Recv stream of\nthe same bytes; the transport adds credits (one small Isend per "

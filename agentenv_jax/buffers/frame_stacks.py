@@ -53,16 +53,48 @@ def write_frames(
         fields["obs_head"][...] = obs[..., :-1]
 
 
-def restack(frames: np.ndarray, head: np.ndarray, restart: np.ndarray) -> np.ndarray:
+def restack(
+    frames: np.ndarray, head: np.ndarray, restart: np.ndarray, out: np.ndarray | None = None
+) -> np.ndarray:
     """The stacks `[T, E, H, W, k]` of one segment: `frames [T, E, H, W]`, `head
-    [E, H, W, k - 1]` and `restart [T, E]` as `write_frames` wrote them. Row t's stack is the
-    previous row's shifted by one frame with `frames[t]` last, or `frames[t]` k times where
-    `restart[t]` (row 0 continues `head`)."""
-    stacks = np.empty((*frames.shape, head.shape[-1] + 1), dtype=frames.dtype)
-    stacks[..., -1] = frames
-    stacks[0, ..., :-1] = head
-    restarts = restart.astype(bool).reshape(*restart.shape, *(1,) * (frames.ndim - 1))
-    for t in range(1, len(frames)):
-        np.copyto(stacks[t, ..., :-1], stacks[t - 1, ..., 1:])
-        np.copyto(stacks[t, ..., :-1], frames[t, ..., None], where=restarts[t])
+    [E, H, W, k - 1]` and `restart [T, E]` as `write_frames` wrote them, written into `out`
+    when given (a rollout's columns of this segment, say). Row t's stack is the previous row's
+    shifted by one frame with `frames[t]` last (row 0's previous: `head`), or `frames[t]` k
+    times where `restart[t]`.
+
+    Computed as a gather, not row by row: slot j of row t holds the frame of step
+    t - (k - 1 - j), or of the last restart at or before t if that is later; steps before the
+    segment are `head`'s."""
+    num_steps, num_envs = restart.shape
+    k = head.shape[-1] + 1
+    # Every frame the segment's stacks hold, in time order: head's, then the steps'.
+    timeline = np.concatenate([np.moveaxis(head, -1, 0), frames])
+    t = np.arange(num_steps)[:, None]
+    # (-k where none yet: below every step a stack reaches back to, so no effect)
+    last_restart = np.maximum.accumulate(np.where(restart.astype(bool), t, -k), axis=0)
+    envs = np.arange(num_envs)[None, :]
+    stacks = np.empty((*frames.shape, k), dtype=frames.dtype) if out is None else out
+    for j in range(k):
+        step = np.maximum(t - (k - 1 - j), last_restart)
+        stacks[..., j] = timeline[step + k - 1, envs]
+    return stacks
+
+
+def restacked_rollout(segments: list[dict[str, np.ndarray]]) -> np.ndarray:
+    """The `[T, B, H, W, k]` observations of a round of frame segments (`[T, E_i, ...]` each),
+    joined along the env axis as the rollout's other fields are."""
+    frames = [segment["obs_frame"] for segment in segments]
+    k = segments[0]["obs_head"].shape[-1] + 1
+    shape = (frames[0].shape[0], sum(f.shape[1] for f in frames), *frames[0].shape[2:], k)
+    stacks = np.empty(shape, dtype=frames[0].dtype)
+    start = 0
+    for segment in segments:
+        stop = start + segment["obs_frame"].shape[1]
+        restack(
+            segment["obs_frame"],
+            segment["obs_head"],
+            segment["obs_restart"],
+            out=stacks[:, start:stop],
+        )
+        start = stop
     return stacks

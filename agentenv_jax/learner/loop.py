@@ -19,7 +19,7 @@ from jax.sharding import Mesh, PartitionSpec
 from agentenv_jax.algorithms.ppo import (
     TrainState,
 )
-from agentenv_jax.buffers.frame_stacks import restack, stacked_obs_field
+from agentenv_jax.buffers.frame_stacks import restacked_rollout, stacked_obs_field
 from agentenv_jax.buffers.segment_queue import ACTOR_TIMERS, segment_counts
 from agentenv_jax.config.schema import ExperimentConfig
 from agentenv_jax.envs import normalization as norm
@@ -495,14 +495,13 @@ class Learner:
         buffers = self._channel.receive_round(self.config.run.transport_timeout_s, serve=serve)
         self.rounds += 1
         segments = [spec.views(buf) for spec, buf in zip(self._segment_specs, buffers, strict=True)]
-        for segment in segments:
-            if "obs_frame" in segment:  # stacked again here (`buffers.frame_stacks`)
-                segment["obs"] = restack(
-                    segment["obs_frame"], segment["obs_head"], segment["obs_restart"]
-                )
         rollout = {
-            name: np.concatenate([s[name] for s in segments], axis=1) for name in ROLLOUT_FIELDS
+            name: np.concatenate([s[name] for s in segments], axis=1)
+            for name in ROLLOUT_FIELDS
+            if name in segments[0]
         }
+        if "obs" not in rollout:  # frames, stacked again here (`buffers.frame_stacks`)
+            rollout["obs"] = restacked_rollout(segments)
         for name in ROLLOUT_LAST_FIELDS:
             rollout[name] = np.concatenate([s[name] for s in segments])
         summaries = self._round_summaries(segments)
