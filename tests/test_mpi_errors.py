@@ -104,6 +104,19 @@ BAD_INPUTS = {
         ["--set", "env.id=envs_for_tests:cartpole", "--set", "env.vectorization=native"],
         "env.vectorization = 'native' needs a registered Gymnasium id",
     ),
+    "unknown_atari_game": (
+        ["--set", "env={id: ALE/Pongg-v5, preset: atari, vectorization: envpool}"],
+        "env.id = 'ALE/Pongg-v5' is not an Atari game (did you mean 'Pong', ROM 'pong'?)",
+    ),
+    "atari_groups_beyond_an_env_ranks_games": (
+        [
+            "--set",
+            "env={id: ALE/Pong-v5, preset: atari, vectorization: ale, global_num_envs: 4}",
+            "--set",
+            "env.num_splits=3",
+        ],
+        "env.num_splits = 3 is not allowed: expected 1 to the 2 envs of this env rank",
+    ),
     "negative_learning_rate": (
         ["--set", "algorithm.learning_rate=-1"],
         "algorithm.learning_rate = -1.0 is not allowed: expected a number > 0",
