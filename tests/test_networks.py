@@ -11,7 +11,7 @@ import pytest
 from agentenv_jax.networks import action_distribution, init_params, make_actor_critic
 from agentenv_jax.networks.initializers import init_on_host
 from agentenv_jax.networks.torso_choice import resolve_torso
-from agentenv_jax.networks.torsos import ImpalaCNN, NatureCNN
+from agentenv_jax.networks.torsos import ImpalaCNN, NatureCNN, strided_conv_as_matmul
 
 
 def _shapes(params) -> dict:
@@ -40,6 +40,64 @@ def test_cnn_torsos_embed_small_and_atari_size_images(torso, image, features, to
     assert jax.eval_shape(torso.apply, {"params": params}, x).shape == (2, features)
     layer, leaf, shape = torso_output
     assert params[layer][leaf].shape == shape
+
+
+@pytest.mark.parametrize(
+    "image, kernel, stride, padding",
+    [
+        ((84, 84, 4), (8, 8, 4, 32), (4, 4), "VALID"),  # the Nature CNN's layers on Atari frames
+        ((20, 20, 32), (4, 4, 32, 64), (2, 2), "VALID"),
+        ((11, 13, 3), (3, 2, 3, 5), (2, 3), ((0, 0), (0, 0))),  # uneven sides and strides
+        ((9, 9, 4), (3, 3, 4, 8), (1, 1), "VALID"),  # stride 1: passed to XLA's convolution
+        ((9, 9, 4), (3, 3, 4, 8), (2, 2), "SAME"),  # padded: passed on too
+    ],
+)
+def test_strided_convolutions_as_products_of_patches_are_xlas_convolutions(
+    image, kernel, stride, padding
+):
+    """Outputs and both gradients, against `lax.conv_general_dilated` itself."""
+    rng = np.random.default_rng(0)
+    x = jnp.asarray(rng.random((3, *image), np.float32))
+    w = jnp.asarray(rng.standard_normal(kernel, np.float32))
+    numbers = ("NHWC", "HWIO", "NHWC")
+
+    def xla(x, w):
+        return jax.lax.conv_general_dilated(x, w, stride, padding, dimension_numbers=numbers)
+
+    def ours(x, w):
+        dims = jax.lax.conv_dimension_numbers(x.shape, w.shape, numbers)
+        return strided_conv_as_matmul(x, w, stride, padding, dimension_numbers=dims)
+
+    np.testing.assert_allclose(ours(x, w), xla(x, w), rtol=1e-4, atol=1e-4)
+    for expected, got in zip(
+        jax.grad(lambda x, w: jnp.sum(jnp.sin(xla(x, w))), (0, 1))(x, w),
+        jax.grad(lambda x, w: jnp.sum(jnp.sin(ours(x, w))), (0, 1))(x, w),
+        strict=True,
+    ):
+        np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-4)
+
+
+def test_the_nature_cnn_computes_what_xlas_convolutions_do_with_the_same_parameters():
+    """On the CPU its strided layers are products of patches: the parameter tree is flax's
+    `nn.Conv`'s and the embedding of Atari frames the one XLA's convolutions give."""
+    import flax.linen as nn
+
+    class XLANatureCNN(nn.Module):
+        @nn.compact
+        def __call__(self, x):
+            for features, kernel, stride in ((32, 8, 4), (64, 4, 2), (64, 3, 1)):
+                x = nn.relu(nn.Conv(features, (kernel, kernel), (stride, stride), "VALID")(x))
+            return nn.relu(nn.Dense(512)(x.reshape(x.shape[0], -1)))
+
+    x = jnp.asarray(np.random.default_rng(1).random((2, 84, 84, 4), np.float32))
+    params = init_on_host(NatureCNN(), jax.random.key(0), [jax.ShapeDtypeStruct(x.shape, x.dtype)])
+    assert _shapes(params) == _shapes(XLANatureCNN().init(jax.random.key(0), x)["params"])
+    np.testing.assert_allclose(
+        NatureCNN().apply({"params": params}, x),
+        XLANatureCNN().apply({"params": params}, x),
+        rtol=1e-4,
+        atol=1e-5,
+    )
 
 
 @pytest.mark.slow

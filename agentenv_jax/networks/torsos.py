@@ -20,7 +20,57 @@ NATURE_VALID_MIN_SIZE = 36
 _RELU_GAIN = float(np.sqrt(2))
 
 
+def strided_conv_as_matmul(
+    lhs: jax.Array,
+    rhs: jax.Array,
+    window_strides,
+    padding,
+    lhs_dilation=None,
+    rhs_dilation=None,
+    dimension_numbers=None,
+    feature_group_count: int = 1,
+    precision=None,
+) -> jax.Array:
+    """`lax.conv_general_dilated` for flax's `nn.Conv` (`conv_general_dilated=`), computing a
+    VALID convolution of stride > 1 as one matrix product of its patches: `lhs [N, H, W, C]`,
+    `rhs [kh, kw, C, F]` -> `[N, OH, OW, F]`, with patches laid out `(i, j, c)` as `rhs` is.
+
+    XLA's CPU backend runs such convolutions' gradients ~1.6x slower than the product (the
+    Nature CNN's 8x8/4 and 4x4/2 layers on 256 Atari frames: 229 against 141 ms, measured
+    here); any other convolution is passed to `lax.conv_general_dilated` as it is."""
+    strides = tuple(window_strides)
+    dilated = any(d != 1 for d in (*(lhs_dilation or ()), *(rhs_dilation or ())))
+    valid = padding == "VALID" or all(tuple(p) == (0, 0) for p in padding)
+    if max(strides) == 1 or dilated or feature_group_count != 1 or not valid or lhs.ndim != 4:
+        return jax.lax.conv_general_dilated(
+            lhs,
+            rhs,
+            strides,
+            padding,
+            lhs_dilation=lhs_dilation,
+            rhs_dilation=rhs_dilation,
+            dimension_numbers=dimension_numbers,
+            feature_group_count=feature_group_count,
+            precision=precision,
+        )
+    kh, kw, channels, features = rhs.shape
+    (sh, sw), (_, height, width, _) = strides, lhs.shape
+    oh, ow = (height - kh) // sh + 1, (width - kw) // sw + 1
+    patches = jnp.concatenate(
+        [
+            lhs[:, i : i + sh * (oh - 1) + 1 : sh, j : j + sw * (ow - 1) + 1 : sw, :]
+            for i in range(kh)
+            for j in range(kw)
+        ],
+        axis=-1,
+    )
+    return jnp.dot(patches, rhs.reshape(kh * kw * channels, features), precision=precision)
+
+
 def _conv(features: int, kernel: int, stride: int, padding: str) -> nn.Conv:
+    # On the CPU, strided VALID convolutions (the Nature CNN's on Atari frames) are products of
+    # their patches: the same parameters and outputs, a faster gradient there.
+    on_cpu = jax.default_backend() == "cpu"
     return nn.Conv(
         features,
         (kernel, kernel),
@@ -28,6 +78,7 @@ def _conv(features: int, kernel: int, stride: int, padding: str) -> nn.Conv:
         padding=padding,
         kernel_init=orthogonal(_RELU_GAIN),
         bias_init=zeros,
+        conv_general_dilated=strided_conv_as_matmul if on_cpu else None,
     )
 
 
