@@ -261,6 +261,23 @@ def test_frames_sent_once_are_stacked_again_as_the_policy_saw_them(backend):
     assert 0.25 < sent / whole_bytes.nbytes < 0.27, sent / whole_bytes.nbytes
 
 
+@pytest.mark.parametrize("frames_once, stacked_frames", [(True, 4), (False, 0)])
+def test_env_frames_once_chooses_how_stacks_travel(frames_once, stacked_frames):
+    """`env.frames_once` (default true): an env rank's spaces say its stacks travel as frames,
+    or whole (`false`: cheaper for a learner on the env ranks' own host, docs/atari.md)."""
+    from agentenv_jax.runtime.roles import prepare_env_rank
+    from agentenv_jax.transport.topology import make_topology
+
+    config = load_config(
+        "pong_ppo", ["env.global_num_envs=2", f"env.frames_once={str(frames_once).lower()}"]
+    )
+    vector_env, spaces = prepare_env_rank(config, make_topology(config, world_size=1, rank=0))
+    vector_env.close()
+    assert spaces.stacked_frames == stacked_frames
+    names = {field.name for field in on_policy_segment_spec(spaces, 8, 2).fields}
+    assert ("obs" in names) != frames_once and ("obs_frame" in names) == frames_once
+
+
 def test_human_normalized_scores_run_from_random_play_to_human_play():
     assert human_normalized_score("pong", -20.7) == 0.0
     assert human_normalized_score("pong", 14.6) == pytest.approx(1.0)
@@ -302,21 +319,24 @@ def test_bad_input_is_one_clear_error(monkeypatch):
 
 @pytest.mark.slow
 @pytest.mark.parametrize(
-    "experiment, backend, splits", [("pong_ppo", "envpool", 2), ("breakout_impala", "ale", 1)]
+    "experiment, backend, splits, frames_once",
+    [("pong_ppo", "envpool", 2, True), ("breakout_impala", "ale", 1, False)],
 )
 def test_each_backend_trains_under_mpiexec_with_exact_accounting(
-    run_dir, experiment, backend, splits
+    run_dir, experiment, backend, splits, frames_once
 ):
     """1 learner + 2 env ranks, six updates of each shipped Atari experiment on each C++
-    backend (EnvPool's games in two groups, stepped while the policy acts for the other): the
-    experience reconciles, and the episodes reported are whole games (Breakout's five lives
-    take a random policy ~180 steps; one life ~35)."""
+    backend (EnvPool's games in two groups, stepped while the policy acts for the other, their
+    frames sent once; ALE's stacks sent whole): the experience reconciles, and the episodes
+    reported are whole games (Breakout's five lives take a random policy ~180 steps; one life
+    ~35)."""
     overrides = [
         f"run.run_dir={run_dir}",
         "run.name=atari",
         "run.progress=false",
         f"env.vectorization={backend}",
         f"env.num_splits={splits}",
+        f"env.frames_once={str(frames_once).lower()}",
         "env.global_num_envs=4",
         "env.num_threads=1",
         "algorithm.rollout_length=64",

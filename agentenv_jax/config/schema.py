@@ -57,6 +57,7 @@ class EnvConfig:
     preset: EnvPreset = "none"  # atari: the Atari pipeline, env.kwargs its settings (docs/atari.md)
     num_threads: int = 0  # threads of a C++ vector env on each env rank (0: one per core)
     num_splits: int = 1  # C++ envs: groups stepped while the policy acts for the next (send/recv)
+    frames_once: bool = True  # frame stacks travel one frame per step, stacked on the learner
     max_episode_steps: int | None = None  # override the env's time limit (None keeps its own)
     normalize_obs: bool = False  # running mean/std observation normalization, merged over ranks
     normalize_reward: bool = False  # scale rewards by the std of the discounted return

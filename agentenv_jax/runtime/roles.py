@@ -152,6 +152,8 @@ def prepare_env_rank(config: ExperimentConfig, topology: Topology):
     try:
         check_first_reset(vector_env, config.env)
         spaces = vector_env_spaces(config.env.id, vector_env)
+        if not config.env.frames_once:  # whole stacks on the wire (`buffers.frame_stacks`)
+            spaces = dataclasses.replace(spaces, stacked_frames=0)
         check_spaces_fit(config, spaces, vector_env.single_action_space)
         check_memory(config, spaces, env_rank_envs=envs, learner=topology.is_learner)
         check_group_baseline(config, vector_env)
