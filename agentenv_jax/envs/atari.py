@@ -252,10 +252,6 @@ class AtariVectorEnv(gym.vector.VectorEnv):
         self._stacks = np.zeros((num_envs, frame_stack, height, width), dtype=np.uint8)
         self._game_over = np.zeros(num_envs, dtype=bool)
 
-    @property
-    def num_splits(self) -> int:
-        return len(self.splits)
-
     def _make(self, seed: int) -> None:
         if self._pools and self._seed == seed:
             return
