@@ -2,11 +2,12 @@
 seed, in one run.
 
 Each seed trains `experiments/chain_sum_smollm2.yaml` (reasoning-gym chain_sum, sums and
-differences of two one-digit numbers, drawn from the dataset's train half) in one process,
-`agentenv train` as a user runs it, with that seed. Accuracy is measured on the dataset's
-held-out test half, the same `--episodes` problems for every side (evaluation seeds 0..N-1,
-as `agentenv eval --split test` draws them), decoded (nearly) greedily: "zero-shot" is the
-untrained model (the base under zero adapters), "trained" the run's final checkpoint
+differences of three one-digit numbers, the training side of a split by question text) in one
+process, `agentenv train` as a user runs it, with that seed. Accuracy is measured on the
+held-out questions, which training never draws, the same `--episodes` problems for every side
+(evaluation seeds 0..N-1, as `agentenv eval --split test` draws them), decoded (nearly)
+greedily, after the script prints how many distinct questions each side holds. "zero-shot" is
+the untrained model (the base under zero adapters), "trained" the run's final checkpoint
 (`agentenv_jax.evaluate(run, split="test")`). The gain is trained − zero-shot accuracy in
 points (goal: at least 15 on every seed, each run at most 30 minutes on this machine).
 "train s" is the training run's wall time, launch to exit. `--plot PNG` draws every seed's
@@ -50,6 +51,19 @@ def zero_shot_accuracy(run_dir: Path, episodes: int) -> float:
     return float(sample.accuracy)
 
 
+def split_sizes(config_path: Path, entries: int = 200_000) -> dict[str, int]:
+    """Distinct questions on each side of the experiment's split, among its first `entries`
+    dataset entries (all of chain_sum's 4,000 three-term questions)."""
+    from agentenv_jax.config.loading import load_config
+    from agentenv_jax.envs.text.reasoning_gym_tasks import ReasoningGymTask
+    from agentenv_jax.envs.text.registry import ENV_KWARGS
+
+    config = load_config(config_path)
+    dataset = config.env.id.split("/", 1)[1]
+    kwargs = {k: v for k, v in config.env.kwargs.items() if k not in ENV_KWARGS}
+    return ReasoningGymTask(dataset, **kwargs).distinct_questions(entries)
+
+
 def trained_accuracy(run_dir: Path, episodes: int) -> float:
     from agentenv_jax import evaluate
 
@@ -74,6 +88,12 @@ def main() -> None:
         f"{args.episodes} test problems, overrides {args.set or 'none'}"
     )
     print(common.provenance(), flush=True)
+    sizes = split_sizes(args.config)
+    print(
+        f"distinct questions: {sizes['train']} on the training side, {sizes['test']} held out "
+        "(split by a hash of the question text: none on both sides)",
+        flush=True,
+    )
     runs: list[dict[str, Any]] = []
     with common.runs_folder(args.keep_runs, "agentenv_grpo_learning_") as root:
         zero_shot = None
@@ -126,6 +146,7 @@ def main() -> None:
         {
             "args": {k: str(v) for k, v in vars(args).items()},
             "provenance": common.provenance(),
+            "distinct_questions": sizes,
             "runs": runs,
             "finished_at": time.strftime("%Y-%m-%d %H:%M:%S"),
         },

@@ -24,6 +24,7 @@ from agentenv_jax.envs.text import (
     make_text_vector_env,
     verification,
 )
+from agentenv_jax.envs.text.reasoning_gym_tasks import question_split
 from agentenv_jax.envs.text.tasks import answer_text, extract_answer
 
 TOK = BYTE_TOKENIZER
@@ -685,20 +686,53 @@ def test_reasoning_gym_countdown_expressions_are_scored_by_the_dataset_inside_th
     assert task.reply("\\boxed{1 + 1}").reward < 1.0
 
 
+def test_question_split_is_a_function_of_the_text_and_holds_out_its_fraction():
+    questions = [f"What is {a} + {b}?" for a in range(100) for b in range(100)]
+    for fraction in (0.1, 0.5, 0.9):
+        held_out = [q for q in questions if question_split(q, fraction) == "test"]
+        # 10,000 questions: the share held out is the fraction to within ~4 standard errors.
+        assert abs(len(held_out) / len(questions) - fraction) < 0.02, (fraction, len(held_out))
+    # Nested: a question held out at 0.1 stays held out at 0.5.
+    assert all(
+        question_split(q, 0.5) == "test" for q in questions if question_split(q, 0.1) == "test"
+    )
+    # Spacing does not move a question to the other side.
+    for question in questions[:200]:
+        spaced = "  " + question.replace(" ", "\n  ") + " "
+        assert question_split(spaced, 0.5) == question_split(question, 0.5)
+
+
+@pytest.mark.parametrize("fraction", [0, 1, 1.5, -0.1, True, "half"])
+def test_reasoning_gym_test_fraction_out_of_range_is_refused(fraction):
+    pytest.importorskip("reasoning_gym")
+    with pytest.raises(EnvError, match=r"env.kwargs.test_fraction = .* strictly between 0 and 1"):
+        ReasoningGymTask("chain_sum", test_fraction=fraction)
+
+
 def test_reasoning_gym_test_split_is_held_out_and_instructions_are_appended():
     pytest.importorskip("reasoning_gym")
-    for dataset in ("gsm_symbolic", "chain_sum"):
-        train = ReasoningGymTask(dataset)
-        test = ReasoningGymTask(dataset, split="test", instruction="Put it in \\boxed{}.")
-        half = train._size // 2
+    # chain_sum of two one-digit numbers has 200 distinct questions (10 x 10 operands, + or -):
+    # any 2,000 draws of one side repeat each of its questions many times, so a question on
+    # both sides would show. Drawn by entry index alone, 86% of the test side's questions were
+    # also training questions.
+    small = {"min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 1}
+    for dataset, kwargs, draws in (("gsm_symbolic", {}, 20), ("chain_sum", small, 2000)):
+        train = ReasoningGymTask(dataset, **kwargs)
+        test = ReasoningGymTask(dataset, split="test", instruction="Put it in \\boxed{}.", **kwargs)
         train_rng, test_rng = np.random.default_rng(3), np.random.default_rng(3)
-        for _ in range(20):
+        seen = {"train": set(), "test": set()}
+        for _ in range(draws):
             question = train.reset(train_rng)
             held_out = test.reset(test_rng)
-            assert train.entry["metadata"]["source_index"] < half
-            assert test.entry["metadata"]["source_index"] >= half
             assert held_out == test.entry["question"] + "\nPut it in \\boxed{}."
             assert question == train.entry["question"]
+            seen["train"].add(question)
+            seen["test"].add(test.entry["question"])
+        assert not seen["train"] & seen["test"]
+        if dataset == "chain_sum":
+            # Both sides hold about half of the 200 questions, and together all of them.
+            assert 70 <= len(seen["test"]) <= 130, len(seen["test"])
+            assert len(seen["train"]) + len(seen["test"]) == 200
     # The same seeds give the same held-out problems: a fixed evaluation set.
     again = ReasoningGymTask("chain_sum", split="test")
     first = [again.reset(np.random.default_rng(s)) for s in range(3)]

@@ -18,8 +18,10 @@ difficulty is set through dataset kwargs, which pass to the dataset's config as 
 * `countdown`: reach a target from given numbers (`min_numbers`/`max_numbers`,
   `min_value`/`max_value`, `min_target`/`max_target`), an expression as the answer.
 
-The adapter's own kwargs: `seed_offset`; `split` (`train` or `test`: disjoint halves of the
-dataset's entries, `test` held out for `agentenv eval --split test`); `answer_format` (`dataset`:
+The adapter's own kwargs: `seed_offset`; `split` (`train` or `test`, `test` held out for
+`agentenv eval --split test`) and `test_fraction` (default 0.5): a question belongs to one side
+by a hash of its text (`question_split`), so no question text is ever on both sides, however
+small the problem space; `answer_format` (`dataset`:
 the dataset's scorer reads the whole message; `last_number` or `boxed`: the answer is cut out
 first, the last number or the last `\\boxed{}`, and checked numerically against a numeric gold
 answer, with math-verify where installed, else by the dataset's scorer); `instruction`, appended
@@ -34,6 +36,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import hashlib
 from types import ModuleType
 from typing import Any
 
@@ -56,9 +59,10 @@ REASONING_GYM_TASKS: dict[str, str] = {
     "countdown": "reach a target from 3-4 numbers with + - * / (an expression)",
 }
 # Entries are drawn by index from one dataset of this size; reasoning-gym generates entry `i` of
-# a dataset seeded `s` from `Random(s + i)` on demand, so the size costs nothing. The training
-# split draws from the first half, the held-out test split from the second: their generators'
-# seeds never meet (two seeds can still phrase the same question on a small problem space).
+# a dataset seeded `s` from `Random(s + i)` on demand, so the size costs nothing. Splitting the
+# indices would not hold questions out: on a small problem space (chain_sum of two one-digit
+# numbers has 200 questions) different seeds generate the same question, so the split is by
+# the question's text instead, and a draw from the other side is drawn again.
 _INDEX_RANGE = 2**31
 # Datasets that hold per-entry state for their whole size (gsm_symbolic: which of its 100
 # templates each entry uses, 8 bytes an entry) are made with this many entries instead.
@@ -68,7 +72,21 @@ TASK_SPLITS = ("train", "test")
 _ANSWER_FORMATS = ("dataset", "last_number", "boxed")
 # Set by the adapter, not the user: the seed comes from the episode's rng.
 _RESERVED = ("seed", "size")
-_ADAPTER_KWARGS = ["seed_offset", "split", "answer_format", "instruction"]
+_ADAPTER_KWARGS = ["seed_offset", "split", "test_fraction", "answer_format", "instruction"]
+# Draws of the other side's questions before a split is taken to be empty: with a test
+# fraction f, the chance that 1,000 draws miss a side holding a share s of the questions is
+# (1 - s)^1000, nil for any share a split is meant to have.
+_MAX_DRAWS = 1000
+
+
+def question_split(question: str, test_fraction: float) -> str:
+    """The split (`"train"` or `"test"`) that `question` belongs to: `"test"` where a hash of
+    its text (whitespace runs made one space, ends stripped) falls below `test_fraction` of
+    the hash range. A pure function of the text, so every copy of a question, whichever seed
+    or index generated it, lands on the same side."""
+    normalized = " ".join(question.split()).encode()
+    digest = hashlib.blake2b(normalized, digest_size=8).digest()
+    return "test" if int.from_bytes(digest, "big") < test_fraction * 2**64 else "train"
 
 
 def import_reasoning_gym() -> ModuleType:
@@ -123,11 +141,12 @@ class ReasoningGymTask:
     (a numeric gold answer is compared as a number: `verification.numbers_match`); success a
     score of 1.0.
 
-    Entries are drawn by index from `split`'s half of the dataset seeded `seed_offset`, so the
-    episode's rng decides the question; another `seed_offset` gives other questions for the
-    same rng. `dataset_kwargs` set the difficulty (see the module docstring). Unknown datasets,
-    unknown kwargs and configs the dataset rejects are `EnvError`s, raised here rather than
-    mid-run.
+    Entries are drawn by index from the dataset seeded `seed_offset`, keeping the first whose
+    question belongs to `split` (`question_split`: a `test_fraction` of the questions, by a
+    hash of their text, are held out), so the episode's rng decides the question; another
+    `seed_offset` gives other questions for the same rng. `dataset_kwargs` set the difficulty
+    (see the module docstring). Unknown datasets, unknown kwargs and configs the dataset
+    rejects are `EnvError`s, raised here rather than mid-run.
     """
 
     max_turns = 1
@@ -137,6 +156,7 @@ class ReasoningGymTask:
         dataset_name: str,
         seed_offset: int = 0,
         split: str = "train",
+        test_fraction: float = 0.5,
         answer_format: str = "dataset",
         instruction: str = "",
         **dataset_kwargs: Any,
@@ -166,12 +186,21 @@ class ReasoningGymTask:
                     f"env.kwargs.{name} = {value!r} is not allowed: expected one of "
                     f"{', '.join(allowed_values)}"
                 )
+        if (
+            isinstance(test_fraction, bool)
+            or not isinstance(test_fraction, int | float)
+            or not 0.0 < test_fraction < 1.0
+        ):
+            raise EnvError(
+                f"env.kwargs.test_fraction = {test_fraction!r} is not allowed: expected a "
+                "number strictly between 0 and 1 (the share of questions held out for test)"
+            )
         if not isinstance(instruction, str):
             raise EnvError(f"env.kwargs.instruction = {instruction!r}: expected a string")
         self.dataset_name = dataset_name
         self.split = split
+        self.test_fraction = float(test_fraction)
         self._size = _MATERIALIZED_RANGE if dataset_name in _MATERIALIZING else _INDEX_RANGE
-        self._first_index = 0 if split == "train" else self._size // 2
         self._answer_format = answer_format
         self._instruction = instruction
         try:
@@ -189,9 +218,26 @@ class ReasoningGymTask:
             ) from err
         self.entry: dict[str, Any] | None = None  # the current episode's question and answer
 
+    def distinct_questions(self, entries: int) -> dict[str, int]:
+        """How many distinct questions each split holds among the dataset's first `entries`
+        entries (every question of a small problem space, given enough entries): the sizes
+        that say how much a held-out score is worth."""
+        questions = {str(self._dataset[index]["question"]) for index in range(entries)}
+        sides = [question_split(question, self.test_fraction) for question in questions]
+        return {split: sides.count(split) for split in TASK_SPLITS}
+
     def reset(self, rng: np.random.Generator) -> str:
-        index = self._first_index + int(rng.integers(self._size // 2))
-        self.entry = self._dataset[index]
+        for _ in range(_MAX_DRAWS):
+            entry = self._dataset[int(rng.integers(self._size))]
+            if question_split(str(entry["question"]), self.test_fraction) == self.split:
+                break
+        else:
+            raise EnvError(
+                f"env.kwargs.split = {self.split!r}: {_MAX_DRAWS} draws of reasoning-gym "
+                f"dataset {self.dataset_name!r} found no question of this split "
+                f"(test_fraction {self.test_fraction}); the problem space is too small to split"
+            )
+        self.entry = entry
         question = str(self.entry["question"])
         return f"{question}\n{self._instruction}" if self._instruction else question
 
