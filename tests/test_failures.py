@@ -96,3 +96,38 @@ def test_killed_rank_is_named_and_the_checkpoint_restores(tmp_path, killed_rank,
     assert named in ended.stderr, (ended.stdout + ended.stderr)[-3000:]
     assert processes_with(str(run_dir)) == []
     assert restorable_checkpoint(run_dir) >= 5
+
+
+@pytest.mark.slow
+def test_a_killed_env_rank_stops_a_job_of_thirty_two_ranks_at_once(tmp_path):
+    """SIGKILL one of 31 env ranks (32 processes oversubscribed on the machine's cores, numpy
+    policies): the stop reaches every rank through the launcher, long before the learner's
+    transport timeout (120 s here) could end the job, and no process is left. Measured on 2
+    cores: 0.5 s at 1 + 31 ranks, 1.1-1.5 s at 1 + 127 (killed after 3 updates, and during
+    start-up)."""
+    run_dir = tmp_path / "many"
+    proc = start_job(
+        [
+            mpiexec_path(),
+            "-n",
+            "32",
+            *agentenv_command(
+                "train",
+                CARTPOLE,
+                *settings(
+                    f"run.run_dir={tmp_path}",
+                    "run.name=many",
+                    "run.progress=false",
+                    "env.global_num_envs=31",
+                    "run.total_env_steps=10000000",
+                    "run.transport_timeout_s=120",
+                ),
+            ),
+        ]
+    )
+    ended = signal_rank_and_wait(proc, run_dir, 17, after_updates=2, timeout=150)
+    assert proc.returncode != 0
+    assert f"rank 17 (pid {ended.pid}) was killed by SIGKILL" in ended.stderr, ended.stderr[-3000:]
+    assert "timed out" not in ended.stderr and "timeout" not in ended.stderr, ended.stderr[-3000:]
+    assert ended.ended_after < 60, ended.ended_after  # not the 120 s transport timeout
+    assert processes_with(str(tmp_path)) == []
