@@ -40,6 +40,10 @@ from conftest import REPO, agentenv_command, mpiexec_path, run_command, settings
 # constant.
 UNTRAINED_ACCURACY = 0.0
 MARGIN_OVER_TRIVIAL = 0.1  # accuracy the trained policy must add to the best trivial policy's
+# The explained variance token PPO's critic must exceed, the mean of the last 10 updates: its
+# value error at most 0.8 of a constant predictor's, the targets' mean (0.47 measured, seed 1
+# under `mpiexec -n 3`; each of the 10 at least 0.34, the first updates' -9 to 0).
+EXPLAINED_VARIANCE = 0.2
 _OPERATIONS = {"+": operator.add, "-": operator.sub, "*": operator.mul}
 
 
@@ -170,7 +174,12 @@ def test_mpiexec_token_ppo_raises_arithmetic_accuracy_above_the_untrained_model(
     assert "tokens_generated_per_s" not in last
     timing = [json.loads(line) for line in (run / "timings.jsonl").read_text().splitlines()][-1]
     assert timing["tokens_generated_per_s"] > 0 and timing["tokens_trained_per_s"] > 0
-    assert last["value_error"] >= 0
+    # The critic predicts the answers' value targets better than a constant, their mean, would:
+    # explained variance (1 - `value_error` over the targets' variance, over each update's
+    # tokens, the values being those the answers were generated with) above EXPLAINED_VARIANCE
+    # over the last 10 updates.
+    explained = float(np.mean([r["explained_variance"] for r in records[-10:]]))
+    assert explained > EXPLAINED_VARIANCE, [round(r["explained_variance"], 2) for r in records]
     # Env-rank inference: each env rank held the whole model.
     kwargs = config.env.kwargs
     lm = language_model_for(
