@@ -194,21 +194,17 @@ def test_mpiexec_token_ppo_raises_arithmetic_accuracy_above_the_untrained_model(
     assert summary["episode_accounting"]["trained"] == summary["accounting"]["trained"]
 
 
-def _median_over_updates(records: list[dict], key: str) -> float:
-    """The median of `key` over updates 3.. (the first two hold the compiles)."""
-    return float(np.median([record[key] for record in records[2:]]))
-
-
 @pytest.mark.slow
-def test_a_serving_thread_idles_env_ranks_less_than_serving_between_rounds(run_dir):
+def test_a_serving_thread_answers_env_ranks_while_the_learner_updates(run_dir):
     """Central inference for token-level PPO with env ranks up to 2 updates ahead, answered by
     the learner's serving thread or only while it waits for a round. Answers of up to 16
-    tokens and one pass per update make generating and updating take alike (about 0.1 and
-    0.15-0.2 s here), so overlapping them pays. Measured (2 cores, medians of 18 updates): the
-    env ranks' requests queued 0.016 s per update with the thread, 0.164 s between rounds
-    (while the learner updated); with waiting on the transport (the lag bound: the thread's
-    env ranks then wait for the learner instead), 0.126 against 0.164 s."""
-    runs, idle, queued = {}, {}, {}
+    tokens and one pass per update make generating and updating take alike, so the env ranks
+    have requests to make while the learner updates. The server counts those it answered
+    during updates (`central_inference.requests_while_updating`): the thread answers them,
+    serving between rounds never does. What that saves the env ranks in seconds is measured by
+    `benchmarks/async_generation.py --sides asynchronous lag2_between_rounds` (docs/
+    benchmarks.md), not asserted here: on a machine shared with other jobs it varies."""
+    runs, served = {}, {}
     for serving in ("thread", "between_rounds"):
         runs[serving] = _mpiexec_train(
             run_dir,
@@ -222,12 +218,8 @@ def test_a_serving_thread_idles_env_ranks_less_than_serving_between_rounds(run_d
             "algorithm.num_minibatches=1",
             "env.kwargs.response_length=16",
         )
-        timings = [json.loads(line) for line in (runs[serving] / "timings.jsonl").open()]
-        queued[serving] = _median_over_updates(timings, "time/actor_inference_queue_s")
-        idle[serving] = queued[serving] + _median_over_updates(
-            timings, "time/actor_transport_wait_s"
-        )
         summary = _summary(runs[serving])
+        served[serving] = summary["central_inference"]
         for name in ("accounting", "token_accounting", "episode_accounting"):
             accounting = summary[name]
             assert accounting["reconciles"], (serving, name, accounting)
@@ -235,11 +227,16 @@ def test_a_serving_thread_idles_env_ranks_less_than_serving_between_rounds(run_d
             # What the learner did not train on arrived after its last update, counted late.
             assert accounting["produced"] == accounting["trained"] + accounting["late"]
         assert summary["updates"] == 20
-    # The thread served the env ranks while the learner updated: they ran ahead.
+    # The thread served the env ranks while the learner updated: they ran ahead, and a quarter
+    # of its requests at least were answered during updates (377 of 396 measured, each env
+    # rank's message one request; docs/benchmarks.md).
     lags = [record["policy_lag_max"] for record in _metrics(runs["thread"])]
     assert max(lags) == 2, lags
-    assert queued["thread"] < 0.5 * queued["between_rounds"], queued
-    assert idle["thread"] < idle["between_rounds"], idle
+    thread = served["thread"]
+    assert thread["requests_while_updating"] >= thread["requests"] / 4, served
+    # Between rounds the learner answers only while it waits for a round, never updating.
+    assert served["between_rounds"]["requests_while_updating"] == 0, served
+    assert served["between_rounds"]["requests"] > 0, served
 
 
 @pytest.mark.slow
