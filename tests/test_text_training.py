@@ -295,13 +295,19 @@ def test_a_reasoning_gym_run_is_evaluated_on_its_held_out_split(run_dir):
 
 
 @pytest.mark.slow
-def test_the_group_baseline_lifts_accuracy_above_random_answers(run_dir):
+def test_the_group_baseline_beats_the_best_trivial_policy(run_dir):
     """GRPO's group advantage (`algorithm.advantage=group`, 8 answers per prompt, critic-free)
-    on the shipped arithmetic task, 100 updates in one process (~25 s). Random play is what the
-    untrained model does (random bytes: 0.004 of its first 256 answers right) or, knowing the
-    format, a uniformly random sum (0.11). Measured, the mean accuracy of the last 20 updates:
-    0.27 on seed 0 (seeds 1 and 2: 0.19 and 0.10). It does not beat the best constant answer off
-    its own sum (docs/text.md): this checks the group baseline learns, not that it learns well."""
+    on the shipped arithmetic task, 100 updates in one process (~25 s on a quiet machine): the
+    mean accuracy of the last 20 updates must beat the best trivial policy (always the most
+    common sum, 0.20) by MARGIN_OVER_TRIVIAL, as token PPO's does.
+
+    It does not yet, and the test says so (xfail) rather than hold it to less: 0.27 on seed 0
+    (0.19 and 0.10 on seeds 1 and 2). The trained policy answers nearly one constant: on 1024
+    fresh prompts, 4 on 20 of the 25 and 3 on the others (0.29 overall, 0.10 where the sum is
+    not 4), and with `scale_group_rewards: false` 4 on all of them. Once a prompt's 8 answers
+    all say the same, they all score alike, their group advantages are 0, and nothing moves the
+    policy off that answer; likely it got there because, before the model reads the operands,
+    the answer that wins its groups most often is the most common sum (docs/text.md)."""
     run = _train(
         run_dir,
         "arithmetic_ppo",
@@ -312,7 +318,17 @@ def test_the_group_baseline_lifts_accuracy_above_random_answers(run_dir):
     )
     accuracy = [record["accuracy"] for record in _metrics(run)]
     assert len(accuracy) == 100 and accuracy[0] <= 0.02
-    assert np.mean(accuracy[-20:]) >= 0.15, accuracy[::10]
+    _, common_share, uniform = _trivial_accuracies(
+        _task_answers(load_config("arithmetic_ppo").env.kwargs)
+    )
+    bar = max(common_share, uniform) + MARGIN_OVER_TRIVIAL
+    trained = float(np.mean(accuracy[-20:]))
+    if trained < bar:
+        pytest.xfail(
+            f"the group baseline's accuracy {trained:.3f} is below the best trivial policy's "
+            f"{max(common_share, uniform):.3f} + {MARGIN_OVER_TRIVIAL}: it collapses onto "
+            "constant answers (this test's docstring)"
+        )
 
 
 @pytest.mark.slow
