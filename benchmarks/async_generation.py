@@ -9,25 +9,35 @@ Both sides run `mpiexec -n 3 agentenv train CONFIG` (1 learner, 2 env ranks) wit
   env ranks generate a round's answers while the learner waits, then wait while it updates;
 * asynchronous: `max_policy_lag: 2` on the serving thread: env ranks generate the next
   rounds' answers while the learner updates (up to 2 updates stale; the update corrects for it
-  with truncated importance weights, `algorithm.importance_weight_cap`).
+  with truncated importance weights, `algorithm.importance_weight_cap`);
+* lag2_between_rounds (with `--sides`): `max_policy_lag: 2` served between rounds only, the
+  asynchronous side's serving alone changed: env ranks may run ahead, but their requests wait
+  while the learner updates.
 
 Per run, from its own files: "s/update" is the median of updates 3..N's durations
 (`timings.jsonl`'s `wall_s`, the first two holding the compiles); "tokens/s" the tokens
 generated over updates 3..N (`metrics.jsonl`'s cumulative `tokens_generated`) over their
-seconds; "idle s" the median per update of the env ranks' `time/actor_inference_queue_s` +
-`time/actor_transport_wait_s`; "accuracy" the mean of the last 10 updates' `accuracy`. Sides
-alternate which goes first from seed to seed, each in a fresh job with a cold compilation
-cache. The ratio is asynchronous / synchronous seconds per update (below 1: faster).
+seconds; "queued s" the median per update of the env ranks' `time/actor_inference_queue_s`
+(their requests' waiting beyond being answered), "idle s" that plus
+`time/actor_transport_wait_s`; "answered while updating" the requests the learner answered
+while its update ran (`summary.json`'s `central_inference.requests_while_updating`) over all
+it answered; "accuracy" the mean of the last 10 updates' `accuracy`. Sides alternate which goes
+first from seed to seed, each in a fresh job with a cold compilation cache. The ratio is
+asynchronous / synchronous seconds per update (below 1: faster), printed when both ran.
 
     python benchmarks/async_generation.py                      # arithmetic_ppo as shipped
     python benchmarks/async_generation.py --set env.kwargs.response_length=16 \\
         --set algorithm.num_epochs=1 --set algorithm.num_minibatches=1   # generation-heavy
     python benchmarks/async_generation.py --config experiments/arithmetic_smollm2.yaml \\
         --set run.total_env_steps=640 --seeds 0                  # SmolLM2, 20 updates
+    python benchmarks/async_generation.py --sides asynchronous lag2_between_rounds --seeds 1 \\
+        --set env.kwargs.response_length=16 --set algorithm.num_epochs=1 \\
+        --set algorithm.num_minibatches=1 --set run.total_env_steps=5120   # serving alone
 """
 
 from __future__ import annotations
 
+import json
 import time
 from pathlib import Path
 from typing import Any
@@ -38,7 +48,12 @@ import numpy as np
 SIDES: dict[str, list[str]] = {
     "synchronous": ["algorithm.max_policy_lag=0", "topology.inference_serving=between_rounds"],
     "asynchronous": ["algorithm.max_policy_lag=2", "topology.inference_serving=thread"],
+    "lag2_between_rounds": [
+        "algorithm.max_policy_lag=2",
+        "topology.inference_serving=between_rounds",
+    ],
 }
+DEFAULT_SIDES = ["synchronous", "asynchronous"]
 SKIPPED_UPDATES = 2  # the first updates hold the compiles
 ACCURACY_UPDATES = 10
 
@@ -50,15 +65,19 @@ def measure(run_dir: Path) -> dict[str, float]:
     ends = [record["wall_s"] for record in timings]
     timed = ends[SKIPPED_UPDATES - 1 :]
     tokens = metrics[-1]["tokens_generated"] - metrics[SKIPPED_UPDATES - 1]["tokens_generated"]
+    queued = [record["time/actor_inference_queue_s"] for record in timings[SKIPPED_UPDATES:]]
     idle = [
         record["time/actor_inference_queue_s"] + record["time/actor_transport_wait_s"]
         for record in timings[SKIPPED_UPDATES:]
     ]
+    served = json.loads((run_dir / "summary.json").read_text())["central_inference"]
     return {
         "updates": len(timings),
         "s_per_update": common.median(list(np.diff(timed))),
         "tokens_per_s": tokens / (timed[-1] - timed[0]),
+        "queued_s": common.median(queued),
         "idle_s": common.median(idle),
+        "answered_while_updating": served["requests_while_updating"] / served["requests"],
         "accuracy": float(np.mean([r["accuracy"] for r in metrics[-ACCURACY_UPDATES:]])),
         "policy_lag_max": max(record["policy_lag_max"] for record in metrics),
     }
@@ -73,17 +92,20 @@ def main() -> None:
         keep_runs=True,
         overrides=True,
     )
+    parser.add_argument(
+        "--sides", nargs="+", choices=list(SIDES), default=DEFAULT_SIDES, help="sides to run"
+    )
     args = parser.parse_args()
     common.require_mpiexec()
     print(
-        f"{args.config.name}: synchronous against asynchronous generation (central inference, "
-        f"mpiexec -n 3), seeds {args.seeds}, overrides {args.set or 'none'}"
+        f"{args.config.name}: {', '.join(args.sides)} (central inference, mpiexec -n 3), "
+        f"seeds {args.seeds}, overrides {args.set or 'none'}"
     )
     print(common.provenance(), flush=True)
-    runs: dict[str, list[dict[str, Any]]] = {side: [] for side in SIDES}
+    runs: dict[str, list[dict[str, Any]]] = {side: [] for side in args.sides}
     with common.runs_folder(args.keep_runs, "agentenv_async_generation_") as root:
         for index, seed in enumerate(args.seeds):
-            order = list(SIDES) if index % 2 == 0 else list(SIDES)[::-1]
+            order = list(args.sides) if index % 2 == 0 else list(args.sides)[::-1]
             for side in order:
                 name = f"{side}-seed{seed}"
                 settings = [
@@ -97,26 +119,31 @@ def main() -> None:
                 runs[side].append({"seed": seed, **measure(root / name)})
                 print(f"  {name} done in {time.perf_counter() - started:.0f} s", flush=True)
     header = (
-        f"{'side':<13} | {'seed':>4} | {'updates':>7} | {'s/update':>8} | {'tokens/s':>9} | "
-        f"{'idle s':>6} | {'accuracy':>8} | {'max lag':>7}"
+        f"{'side':<19} | {'seed':>4} | {'updates':>7} | {'s/update':>8} | {'tokens/s':>9} | "
+        f"{'queued s':>8} | {'idle s':>6} | {'answered while updating':>23} | "
+        f"{'accuracy':>8} | {'max lag':>7}"
     )
     print()
     common.print_header(header)
     for side, side_runs in runs.items():
         for run in side_runs:
             print(
-                f"{side:<13} | {run['seed']:>4} | {run['updates']:>7} | "
-                f"{run['s_per_update']:8.3f} | {run['tokens_per_s']:9.0f} | {run['idle_s']:6.3f} | "
-                f"{run['accuracy']:8.3f} | {run['policy_lag_max']:>7}"
+                f"{side:<19} | {run['seed']:>4} | {run['updates']:>7} | "
+                f"{run['s_per_update']:8.3f} | {run['tokens_per_s']:9.0f} | "
+                f"{run['queued_s']:8.3f} | {run['idle_s']:6.3f} | "
+                f"{run['answered_while_updating']:23.2f} | {run['accuracy']:8.3f} | "
+                f"{run['policy_lag_max']:>7}"
             )
-    ratios = [
-        a["s_per_update"] / s["s_per_update"]
-        for a, s in zip(runs["asynchronous"], runs["synchronous"], strict=True)
-    ]
-    print(
-        "asynchronous / synchronous seconds per update, by seed: "
-        + ", ".join(f"{ratio:.3f}" for ratio in ratios)
-    )
+    ratios = []
+    if {"asynchronous", "synchronous"} <= set(runs):
+        ratios = [
+            a["s_per_update"] / s["s_per_update"]
+            for a, s in zip(runs["asynchronous"], runs["synchronous"], strict=True)
+        ]
+        print(
+            "asynchronous / synchronous seconds per update, by seed: "
+            + ", ".join(f"{ratio:.3f}" for ratio in ratios)
+        )
     common.save_json(
         args.json,
         {

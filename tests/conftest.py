@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import importlib
 import json
 import os
 import shutil
@@ -14,6 +15,7 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
+from types import ModuleType
 
 import pytest
 
@@ -45,6 +47,20 @@ def mpiexec_path() -> str:
     if found is None:
         pytest.fail("mpiexec not found: pip install -e '.[mpich,test]'")
     return found
+
+
+def require_reference(name: str) -> ModuleType:
+    """Import and return module `name`, a reference that tests check against (`torch`,
+    `transformers`: the test extra installs them). Missing, it skips the test or module here,
+    but fails it under CI (`CI=true`), where a changed extra would otherwise skip every check
+    against the reference without a word."""
+    try:
+        return importlib.import_module(name)
+    except ImportError as err:
+        message = f"the reference {name!r} does not import ({err}): pip install -e '.[test]'"
+        if os.environ.get("CI") == "true":
+            pytest.fail(message, pytrace=False)
+        pytest.skip(message, allow_module_level=True)
 
 
 def is_open_mpi() -> bool:

@@ -18,10 +18,10 @@ from agentenv_jax.networks.text_models import language_model_for, text_tokenizer
 from agentenv_jax.workflow.export import export_run
 from agentenv_jax.workflow.text_dialogues import trained_params
 
-from conftest import REPO, agentenv_command, run_command, settings
+from conftest import REPO, agentenv_command, require_reference, run_command, settings
 
-torch = pytest.importorskip("torch")
-transformers = pytest.importorskip("transformers")
+torch = require_reference("torch")
+transformers = require_reference("transformers")
 
 PROMPTS = ["3+4=", "0+2=", "4+4="]
 

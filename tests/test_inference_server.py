@@ -100,18 +100,23 @@ def test_the_serving_thread_answers_while_the_learner_is_busy_and_times_its_answ
     answers = []
     started = time.perf_counter()
     # The env rank asks five times while this (the learner's) thread only sleeps, as it
-    # would while an update runs: nobody calls `serve`.
+    # does while an update runs: nobody calls `serve`.
     asking = threading.Thread(target=lambda: answers.extend(env_rank.act(obs)[0] for _ in range(5)))
-    asking.start()
-    asking.join(timeout=30)
+    with server.during_update():
+        asking.start()
+        asking.join(timeout=30)
+    answers.append(env_rank.act(obs)[0])  # and once after the update
     latency = time.perf_counter() - started
     server.check()
     server.close()
     assert policy.threads == {"inference"}
-    np.testing.assert_array_equal(answers, [2 * obs[:, 0]] * 5)
-    assert server.requests == server.batches == 5
-    # Each answer took at least POLICY_S; the env rank's waiting beyond that is its queueing.
-    assert server.compute_s >= 5 * POLICY_S
+    np.testing.assert_array_equal(answers, [2 * obs[:, 0]] * 6)
+    assert server.requests == server.batches == 6
+    assert server.requests_while_updating == 5
+    assert server.report()["requests_while_updating"] == 5
+    # Each answer took at least POLICY_S (a sleep is never shorter); the env rank's waiting
+    # beyond its answers is its queueing. Bounds that no load on the machine can break.
+    assert server.compute_s >= 6 * POLICY_S
     assert 0.0 <= env_rank.queued_s <= latency - server.compute_s
 
 

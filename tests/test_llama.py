@@ -15,8 +15,10 @@ from agentenv_jax.checkpoint.hugging_face import load_folder
 from agentenv_jax.config.errors import ConfigError
 from agentenv_jax.networks.llama import logits, positions_of
 
-torch = pytest.importorskip("torch")
-transformers = pytest.importorskip("transformers")
+from conftest import require_reference
+
+torch = require_reference("torch")
+transformers = require_reference("transformers")
 
 SMALL = dict(
     vocab_size=97,

@@ -24,6 +24,11 @@ from conftest import (
     wait_for_updates,
 )
 
+ENV_RANK_GOAL_MB = 80  # an env rank's peak resident memory, at most (docs/benchmarks.md)
+# The share of a window in which an env rank waiting for a slow learner may be runnable; a
+# wait that spins keeps it runnable all the time (~1).
+RUNNABLE_SHARE = 0.5
+
 
 @pytest.mark.slow
 def test_one_learner_and_thirty_one_env_ranks_finish_with_exact_accounting(run_dir):
@@ -60,11 +65,12 @@ def test_one_learner_and_thirty_one_env_ranks_finish_with_exact_accounting(run_d
     shares = summary["env_rank_cpu_share"]
     assert len(shares) == 31 and all(share > 0.0 for share in shares)
     # CartPole's 64x64 MLP acts in numpy (`env_rank_inference: auto`): the env ranks never
-    # imported JAX, which with XLA's libraries holds ~120 MB more of each (61-62 MB measured
-    # without it, 184 MB with it, 3 Dec 2026).
+    # imported JAX, which with XLA's libraries holds ~120 MB more of each (184 MB with it, 3 Dec
+    # 2026). Each stays within the documented goal (docs/benchmarks.md, "Hundreds of env
+    # ranks"): 67.7-68.4 MB measured here (6 Dec 2026).
     assert summary["env_rank_jax_loaded"] == [False] * 31
     memory = summary["env_rank_max_rss_mb"]
-    assert len(memory) == 31 and all(20 < mb < 120 for mb in memory), memory
+    assert len(memory) == 31 and all(20 < mb <= ENV_RANK_GOAL_MB for mb in memory), memory
 
 
 def _cpu_seconds(pid: int) -> float:
@@ -73,12 +79,23 @@ def _cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def _runnable_seconds(pid: int) -> float:
+    """Seconds the main thread of process `pid` has been runnable so far: on a CPU, or in a run
+    queue waiting for one (`/proc/PID/schedstat`). A thread that spins is runnable the whole
+    time, however many others share the cores; one that sleeps is not, while it sleeps."""
+    on_cpu_ns, queued_ns = Path(f"/proc/{pid}/schedstat").read_text().split()[:2]
+    return (int(on_cpu_ns) + int(queued_ns)) / 1e9
+
+
 @pytest.mark.slow
 def test_an_env_rank_waiting_for_a_slow_learner_does_not_spin(run_dir):
     """1 learner whose update takes seconds (two 1024x1024 MLPs, 80 epochs) + 1 env rank whose
     rollout takes milliseconds: the env rank spends nearly all its time waiting for parameters,
-    and a wait that polled without sleeping would burn a whole core (share ~1). Measured from
-    /proc over a window after start-up and compilation, not over the whole run."""
+    and a wait that polled without sleeping would keep it runnable the whole time. Measured
+    from the kernel's split of its time (`_runnable_seconds`) over a window after start-up and
+    compilation, not over the whole run: unlike its CPU share, which other jobs on the cores
+    push down, a spinning rank's runnable share stays ~1 under any load. What a waiting env
+    rank costs in CPU is a benchmark's (`benchmarks/scaling_model.py`, docs/scaling.md)."""
     proc = start_job(
         [
             mpiexec_path(),
@@ -105,6 +122,7 @@ def test_an_env_rank_waiting_for_a_slow_learner_does_not_spin(run_dir):
         env_rank = int(start["processes"]["1"]["pid"])
         updates_before = len((run_dir / "wait" / "metrics.jsonl").read_text().splitlines())
         cpu_before, wall_before = _cpu_seconds(env_rank), time.monotonic()
+        runnable_before = _runnable_seconds(env_rank)
         # At least 8 s, and until an update has ended in the window (under a loaded CI an
         # update can take longer than that), at most 120 s.
         metrics = run_dir / "wait" / "metrics.jsonl"
@@ -113,22 +131,18 @@ def test_an_env_rank_waiting_for_a_slow_learner_does_not_spin(run_dir):
             if time.monotonic() - wall_before > 120 or proc.poll() is not None:
                 break
             time.sleep(1)
-        share = (_cpu_seconds(env_rank) - cpu_before) / (time.monotonic() - wall_before)
+        runnable = _runnable_seconds(env_rank) - runnable_before
+        cpu = _cpu_seconds(env_rank) - cpu_before
+        wall = time.monotonic() - wall_before
+        updates = len(metrics.read_text().splitlines()) - updates_before
         assert proc.poll() is None, proc.communicate()[1][-3000:]
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
         proc.communicate()
-    # The learner was the bottleneck: in the window, each update took at least 5 times the env
-    # rank's work on its segment (stepping and acting), so the env rank waited 80 % of the time.
-    timings = [
-        json.loads(line)
-        for line in (run_dir / "wait" / "timings.jsonl").read_text().splitlines()[updates_before:]
-    ]
-    update_s = sum(t["time/learner_update_s"] for t in timings)
-    work_s = sum(t["time/actor_env_step_s"] + t["time/actor_inference_s"] for t in timings)
-    assert timings and update_s >= 5 * work_s, (update_s, work_s)
-    # Waking every 250 us (the back-off's cap) to poll costs a share of its own: measured 0.21
-    # to 0.27 on this machine (3 Dec 2026, the same before and after the parameter broadcast),
-    # against ~1 for a wait that spins.
-    assert share < 0.35, share
+    # The window held an update, and the env rank was runnable for a small part of it: it
+    # slept while it waited. Measured on 2 cores under a load average of 13: runnable 0.047 of
+    # an 18 s window (CPU share 0.015); with the back-off made to spin, 0.99 (CPU share 0.25,
+    # which other jobs kept below the 0.35 this test used to require of it).
+    assert updates >= 1, updates
+    assert runnable / wall < RUNNABLE_SHARE, (runnable / wall, cpu / wall, wall, updates)

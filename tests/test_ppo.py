@@ -7,6 +7,7 @@ import math
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 import pytest
 
 from agentenv_jax.algorithms.ppo import (
@@ -21,6 +22,8 @@ from agentenv_jax.algorithms.ppo import (
     value_loss,
 )
 from agentenv_jax.networks import action_distribution, init_params, make_actor_critic
+
+from test_returns import numpy_gae
 
 
 def test_masked_mean_ignores_masked_entries_and_handles_empty_mask():
@@ -139,19 +142,86 @@ def make_update_setup(num_minibatches: int = 2, seed: int = 0, hidden: tuple[int
     return apply_fn, optimizer, hp, state
 
 
-def test_update_step_changes_params_and_reports_finite_metrics():
-    apply_fn, optimizer, hp, state = make_update_setup()
+def written_out_ppo_loss(apply_fn, hp: PPOHyperparams, rollout: dict[str, np.ndarray]):
+    """PPO's loss of a whole rollout as one minibatch, written from its definition apart from
+    `make_ppo_loss`: numpy GAE (`test_returns.numpy_gae`), advantages standardized over the
+    valid rows, `-mean(min(r A, clip(r, 1 - eps, 1 + eps) A))`, `0.5 mean((V - R)^2)` and the
+    softmax's entropy, each a plain mean over the valid rows. Returns `loss(params) -> (total,
+    terms)`."""
+    advantages, returns = numpy_gae(
+        rollout["reward"].astype(np.float64),
+        rollout["value"].astype(np.float64),
+        rollout["last_value"].astype(np.float64),
+        rollout["terminated"].astype(bool),
+        rollout["truncated"].astype(bool),
+        rollout["bootstrap_value"].astype(np.float64),
+        hp.gamma,
+        hp.gae_lambda,
+    )
+    valid = rollout["valid"].reshape(-1).astype(bool)
+    advantages, returns = advantages.reshape(-1)[valid], returns.reshape(-1)[valid]
+    if hp.normalize_advantages:
+        advantages = (advantages - advantages.mean()) / (advantages.std() + 1e-8)
+    obs = rollout["obs"].reshape(-1, rollout["obs"].shape[-1])[valid]
+    action = rollout["action"].reshape(-1)[valid]
+    behaviour = rollout["log_prob"].reshape(-1)[valid]
+
+    def loss(params):
+        logits, values = apply_fn(params, jnp.asarray(obs))
+        log_p = jax.nn.log_softmax(logits)
+        ratio = jnp.exp(log_p[jnp.arange(len(action)), action] - behaviour)
+        clipped = jnp.clip(ratio, 1 - hp.clip_eps, 1 + hp.clip_eps)
+        policy = -jnp.mean(jnp.minimum(ratio * advantages, clipped * advantages))
+        value = 0.5 * jnp.mean((values.reshape(-1) - returns) ** 2)
+        entropy = jnp.mean(-jnp.sum(jnp.exp(log_p) * log_p, axis=-1))
+        total = policy + hp.vf_coef * value - hp.ent_coef * entropy
+        outside = (ratio < 1 - hp.clip_eps) | (ratio > 1 + hp.clip_eps)
+        terms = {
+            "loss/total": total,
+            "loss/policy": policy,
+            "loss/value": value,
+            "loss/entropy": entropy,
+            "clip_fraction": jnp.mean(outside.astype(jnp.float32)),
+        }
+        return total, terms
+
+    return loss
+
+
+def test_one_update_is_an_sgd_step_on_the_written_out_loss():
+    """One epoch of one minibatch with plain SGD: the update's parameters are `params - lr *
+    grad` of PPO's loss written out apart (`written_out_ppo_loss`), and its metrics are that
+    loss's terms. Behaviour log-probs are scattered so that some ratios leave the clip range,
+    and a few rows are invalid."""
+    apply_fn, _, hp, state = make_update_setup(num_minibatches=1, seed=2)
+    hp = PPOHyperparams(**{**hp.__dict__, "num_epochs": 1})
+    lr = 0.1
+    optimizer = optax.sgd(lr)
+    state = state.replace(opt_state=optimizer.init(state.params))
+    rng = np.random.default_rng(4)
+    rollout = make_rollout(rng, 8, 4, 4, 3)
+    rollout["log_prob"] += rng.normal(scale=0.3, size=rollout["log_prob"].shape).astype(np.float32)
+    rollout["valid"][5:, 2] = 0
     update = jax.jit(make_ppo_update(apply_fn, action_distribution("discrete"), optimizer, hp))
-    rollout = make_rollout(np.random.default_rng(0), 8, 4, 4, 3)
     new_state, metrics = update(state, rollout)
-    assert int(new_state.update_count) == 1
-    moved = jax.tree.map(lambda a, b: float(jnp.abs(a - b).max()), state.params, new_state.params)
-    assert max(jax.tree.leaves(moved)) > 0
-    for name, value in metrics.items():
-        assert np.isfinite(float(value)), name
-    # Behaviour log-probs equal the uniform initial policy's (up to the small init), so the
-    # first minibatch's KL is small but the epochs move the policy.
-    assert 0.0 <= float(metrics["approx_kl"]) < 0.5
+
+    loss = written_out_ppo_loss(apply_fn, hp, rollout)
+    grads, terms = jax.grad(loss, has_aux=True)(state.params)
+    expected = jax.tree.map(lambda p, g: p - lr * g, state.params, grads)
+    for got, want, before in zip(
+        jax.tree.leaves(new_state.params),
+        jax.tree.leaves(expected),
+        jax.tree.leaves(state.params),
+        strict=True,
+    ):
+        np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-5, atol=1e-6)
+        assert not np.array_equal(np.asarray(got), np.asarray(before))
+    for name, value in terms.items():
+        np.testing.assert_allclose(float(metrics[name]), float(value), rtol=1e-5, err_msg=name)
+    assert 0.1 < float(terms["clip_fraction"]) < 0.9  # the clip is exercised both ways
+    grad_norm = math.sqrt(sum(float(jnp.sum(g**2)) for g in jax.tree.leaves(grads)))
+    assert float(metrics["grad_norm"]) == pytest.approx(grad_norm, rel=1e-5)
+    assert int(new_state.update_count) == 1 and int(metrics["trained_rows"]) == 8 * 4 - 3
 
 
 def test_update_ignores_invalid_rows():

@@ -14,12 +14,12 @@ import uuid
 import numpy as np
 import pytest
 
-from conftest import REPO, agentenv_command, mpi_launch, run_command
+from conftest import REPO, agentenv_command, mpi_launch, require_reference, run_command
 
 pytestmark = pytest.mark.slow  # every test here starts processes
 
-transformers = pytest.importorskip("transformers")
-torch = pytest.importorskip("torch")
+transformers = require_reference("transformers")
+torch = require_reference("torch")
 
 TINY = dict(
     hidden_size=16,

@@ -17,7 +17,9 @@ from agentenv_jax.envs.text.pretrained_tokenizer import load_tokenizer
 from agentenv_jax.envs.text.tasks import GuessNumberTask
 from agentenv_jax.envs.text.vector_env import TextVectorEnv
 
-transformers = pytest.importorskip("transformers")
+from conftest import require_reference
+
+transformers = require_reference("transformers")
 
 SMOLLM2_VOCAB = 49152
 DIALOGUE = [

@@ -89,6 +89,47 @@ print("RESULT" + json.dumps(results))
 """
 
 
+ONE_PSUM_SCRIPT = r"""
+import json
+import jax, numpy as np
+from agentenv_jax.algorithms.ppo import make_ppo_update
+from agentenv_jax.learner.loop import jit_sharded_update
+from agentenv_jax.networks import action_distribution
+from agentenv_jax.parallel.mesh import BATCH_AXIS, make_mesh, replicated
+from test_ppo import make_rollout, make_update_setup
+
+assert len(jax.devices()) == 8, jax.devices()
+rng = np.random.default_rng(13)
+rollouts = [make_rollout(rng, 16, 8, 4, 3) for _ in range(2)]
+for rollout in rollouts:  # invalid rows, unevenly over the envs: shards count apart
+    rollout["valid"][:7, 1] = 0
+    rollout["valid"][10:, 6] = 0
+    rollout["valid"][4, 3] = 0
+distribution = action_distribution("discrete")
+results = {}
+for n in (1, 2, 4, 8):
+    apply_fn, optimizer, hp, state = make_update_setup(num_minibatches=1, seed=6)
+    if n == 1:  # the one-device update on the whole batch: no mesh, no data_axis
+        update = jax.jit(make_ppo_update(apply_fn, distribution, optimizer, hp))
+    else:
+        mesh = make_mesh(n)
+        update = jit_sharded_update(
+            make_ppo_update(apply_fn, distribution, optimizer, hp, data_axis=BATCH_AXIS),
+            mesh, data_axis=BATCH_AXIS)
+        state = jax.device_put(state, replicated(mesh))
+    for rollout in rollouts:
+        state, metrics = update(state, rollout)
+    leaf = jax.tree.leaves(state.params)[0]
+    results[n] = {
+        "params": [np.asarray(x).tolist() for x in jax.tree.leaves(state.params)],
+        "metrics": {k: float(v) for k, v in metrics.items()},
+        "devices": len(leaf.sharding.device_set),
+        "replicated": bool(leaf.sharding.is_fully_replicated),
+    }
+print("RESULT" + json.dumps(results))
+"""
+
+
 MODEL_AXIS_SCRIPT = r"""
 import json
 import jax, numpy as np
@@ -176,6 +217,29 @@ def test_update_equal_on_one_and_eight_host_devices():
         )
     # The update must actually have moved the parameters for the comparison to mean anything.
     assert one["metrics"]["grad_norm"] > 0
+
+
+def test_one_psum_update_on_2_4_and_8_host_devices_equals_the_one_device_update():
+    """`data_axis`'s update (`gradient_sync: one_psum`) under `shard_map` on meshes of 2, 4 and
+    8 host devices against the plain update of the whole batch on one device, which shares
+    none of its cross-shard sums. With one minibatch per epoch every shard's rows meet in each
+    step, so the two agree (docs/learners.md): the valid rows the losses divide by and the
+    advantages' moments are summed over the shards, and so are the gradients. Invalid rows
+    are spread unevenly, so that a shard's own count or moments would show; two updates in a
+    row, three epochs each, advantages standardized."""
+    results = _run_with_eight_host_devices(ONE_PSUM_SCRIPT)
+    one = results["1"]
+    assert one["devices"] == 1 and one["metrics"]["grad_norm"] > 0
+    assert one["metrics"]["trained_rows"] == 16 * 8 - 7 - 6 - 1
+    for n in ("2", "4", "8"):
+        sharded = results[n]
+        assert sharded["devices"] == int(n) and sharded["replicated"], n
+        for a, b in zip(one["params"], sharded["params"], strict=True):
+            np.testing.assert_allclose(np.asarray(b), np.asarray(a), rtol=2e-5, atol=2e-6)
+        for name, value in one["metrics"].items():
+            np.testing.assert_allclose(
+                sharded["metrics"][name], value, rtol=1e-4, atol=1e-6, err_msg=f"{n}: {name}"
+            )
 
 
 def test_update_on_a_data2_model4_mesh_equals_one_device_and_shards_the_parameters():

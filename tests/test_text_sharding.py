@@ -18,7 +18,7 @@ import sys
 import numpy as np
 import pytest
 
-from conftest import REPO
+from conftest import REPO, require_reference
 
 pytestmark = pytest.mark.slow  # every test here starts a process
 
@@ -102,8 +102,8 @@ print("RESULT" + json.dumps(results))
 def _llama_folder(folder) -> str:
     """A tiny random Llama over the byte vocabulary (260 rows, as `TEXT`), saved by
     transformers, with widths that a 4-way model axis divides."""
-    transformers = pytest.importorskip("transformers")
-    torch = pytest.importorskip("torch")
+    transformers = require_reference("transformers")
+    torch = require_reference("torch")
     config = transformers.LlamaConfig(
         vocab_size=260,
         hidden_size=64,

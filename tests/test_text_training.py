@@ -40,6 +40,10 @@ from conftest import REPO, agentenv_command, mpiexec_path, run_command, settings
 # constant.
 UNTRAINED_ACCURACY = 0.0
 MARGIN_OVER_TRIVIAL = 0.1  # accuracy the trained policy must add to the best trivial policy's
+# The explained variance token PPO's critic must exceed, the mean of the last 10 updates: its
+# value error at most 0.8 of a constant predictor's, the targets' mean (0.47 measured, seed 1
+# under `mpiexec -n 3`; each of the 10 at least 0.34, the first updates' -9 to 0).
+EXPLAINED_VARIANCE = 0.2
 _OPERATIONS = {"+": operator.add, "-": operator.sub, "*": operator.mul}
 
 
@@ -170,7 +174,12 @@ def test_mpiexec_token_ppo_raises_arithmetic_accuracy_above_the_untrained_model(
     assert "tokens_generated_per_s" not in last
     timing = [json.loads(line) for line in (run / "timings.jsonl").read_text().splitlines()][-1]
     assert timing["tokens_generated_per_s"] > 0 and timing["tokens_trained_per_s"] > 0
-    assert last["value_error"] >= 0
+    # The critic predicts the answers' value targets better than a constant, their mean, would:
+    # explained variance (1 - `value_error` over the targets' variance, over each update's
+    # tokens, the values being those the answers were generated with) above EXPLAINED_VARIANCE
+    # over the last 10 updates.
+    explained = float(np.mean([r["explained_variance"] for r in records[-10:]]))
+    assert explained > EXPLAINED_VARIANCE, [round(r["explained_variance"], 2) for r in records]
     # Env-rank inference: each env rank held the whole model.
     kwargs = config.env.kwargs
     lm = language_model_for(
@@ -185,21 +194,17 @@ def test_mpiexec_token_ppo_raises_arithmetic_accuracy_above_the_untrained_model(
     assert summary["episode_accounting"]["trained"] == summary["accounting"]["trained"]
 
 
-def _median_over_updates(records: list[dict], key: str) -> float:
-    """The median of `key` over updates 3.. (the first two hold the compiles)."""
-    return float(np.median([record[key] for record in records[2:]]))
-
-
 @pytest.mark.slow
-def test_a_serving_thread_idles_env_ranks_less_than_serving_between_rounds(run_dir):
+def test_a_serving_thread_answers_env_ranks_while_the_learner_updates(run_dir):
     """Central inference for token-level PPO with env ranks up to 2 updates ahead, answered by
     the learner's serving thread or only while it waits for a round. Answers of up to 16
-    tokens and one pass per update make generating and updating take alike (about 0.1 and
-    0.15-0.2 s here), so overlapping them pays. Measured (2 cores, medians of 18 updates): the
-    env ranks' requests queued 0.016 s per update with the thread, 0.164 s between rounds
-    (while the learner updated); with waiting on the transport (the lag bound: the thread's
-    env ranks then wait for the learner instead), 0.126 against 0.164 s."""
-    runs, idle, queued = {}, {}, {}
+    tokens and one pass per update make generating and updating take alike, so the env ranks
+    have requests to make while the learner updates. The server counts those it answered
+    during updates (`central_inference.requests_while_updating`): the thread answers them,
+    serving between rounds never does. What that saves the env ranks in seconds is measured by
+    `benchmarks/async_generation.py --sides asynchronous lag2_between_rounds` (docs/
+    benchmarks.md), not asserted here: on a machine shared with other jobs it varies."""
+    runs, served = {}, {}
     for serving in ("thread", "between_rounds"):
         runs[serving] = _mpiexec_train(
             run_dir,
@@ -213,12 +218,8 @@ def test_a_serving_thread_idles_env_ranks_less_than_serving_between_rounds(run_d
             "algorithm.num_minibatches=1",
             "env.kwargs.response_length=16",
         )
-        timings = [json.loads(line) for line in (runs[serving] / "timings.jsonl").open()]
-        queued[serving] = _median_over_updates(timings, "time/actor_inference_queue_s")
-        idle[serving] = queued[serving] + _median_over_updates(
-            timings, "time/actor_transport_wait_s"
-        )
         summary = _summary(runs[serving])
+        served[serving] = summary["central_inference"]
         for name in ("accounting", "token_accounting", "episode_accounting"):
             accounting = summary[name]
             assert accounting["reconciles"], (serving, name, accounting)
@@ -226,11 +227,16 @@ def test_a_serving_thread_idles_env_ranks_less_than_serving_between_rounds(run_d
             # What the learner did not train on arrived after its last update, counted late.
             assert accounting["produced"] == accounting["trained"] + accounting["late"]
         assert summary["updates"] == 20
-    # The thread served the env ranks while the learner updated: they ran ahead.
+    # The thread served the env ranks while the learner updated: they ran ahead, and a quarter
+    # of its requests at least were answered during updates (377 of 396 measured, each env
+    # rank's message one request; docs/benchmarks.md).
     lags = [record["policy_lag_max"] for record in _metrics(runs["thread"])]
     assert max(lags) == 2, lags
-    assert queued["thread"] < 0.5 * queued["between_rounds"], queued
-    assert idle["thread"] < idle["between_rounds"], idle
+    thread = served["thread"]
+    assert thread["requests_while_updating"] >= thread["requests"] / 4, served
+    # Between rounds the learner answers only while it waits for a round, never updating.
+    assert served["between_rounds"]["requests_while_updating"] == 0, served
+    assert served["between_rounds"]["requests"] > 0, served
 
 
 @pytest.mark.slow
@@ -289,13 +295,19 @@ def test_a_reasoning_gym_run_is_evaluated_on_its_held_out_split(run_dir):
 
 
 @pytest.mark.slow
-def test_the_group_baseline_lifts_accuracy_above_random_answers(run_dir):
+def test_the_group_baseline_beats_the_best_trivial_policy(run_dir):
     """GRPO's group advantage (`algorithm.advantage=group`, 8 answers per prompt, critic-free)
-    on the shipped arithmetic task, 100 updates in one process (~25 s). Random play is what the
-    untrained model does (random bytes: 0.004 of its first 256 answers right) or, knowing the
-    format, a uniformly random sum (0.11). Measured, the mean accuracy of the last 20 updates:
-    0.27 on seed 0 (seeds 1 and 2: 0.19 and 0.10). It does not beat the best constant answer off
-    its own sum (docs/text.md): this checks the group baseline learns, not that it learns well."""
+    on the shipped arithmetic task, 100 updates in one process (~25 s on a quiet machine): the
+    mean accuracy of the last 20 updates must beat the best trivial policy (always the most
+    common sum, 0.20) by MARGIN_OVER_TRIVIAL, as token PPO's does.
+
+    It does not yet, and the test says so (xfail) rather than hold it to less: 0.27 on seed 0
+    (0.19 and 0.10 on seeds 1 and 2). The trained policy answers nearly one constant: on 1024
+    fresh prompts, 4 on 20 of the 25 and 3 on the others (0.29 overall, 0.10 where the sum is
+    not 4), and with `scale_group_rewards: false` 4 on all of them. Once a prompt's 8 answers
+    all say the same, they all score alike, their group advantages are 0, and nothing moves the
+    policy off that answer; likely it got there because, before the model reads the operands,
+    the answer that wins its groups most often is the most common sum (docs/text.md)."""
     run = _train(
         run_dir,
         "arithmetic_ppo",
@@ -306,7 +318,17 @@ def test_the_group_baseline_lifts_accuracy_above_random_answers(run_dir):
     )
     accuracy = [record["accuracy"] for record in _metrics(run)]
     assert len(accuracy) == 100 and accuracy[0] <= 0.02
-    assert np.mean(accuracy[-20:]) >= 0.15, accuracy[::10]
+    _, common_share, uniform = _trivial_accuracies(
+        _task_answers(load_config("arithmetic_ppo").env.kwargs)
+    )
+    bar = max(common_share, uniform) + MARGIN_OVER_TRIVIAL
+    trained = float(np.mean(accuracy[-20:]))
+    if trained < bar:
+        pytest.xfail(
+            f"the group baseline's accuracy {trained:.3f} is below the best trivial policy's "
+            f"{max(common_share, uniform):.3f} + {MARGIN_OVER_TRIVIAL}: it collapses onto "
+            "constant answers (this test's docstring)"
+        )
 
 
 @pytest.mark.slow
@@ -536,8 +558,12 @@ def test_init_from_starts_training_from_a_local_checkpoint_of_weights(run_dir, t
     assert proc.returncode == 0, proc.stderr[-4000:]
     line = proc.stdout.splitlines()[0]
     assert "12 episodes (sampled actions)" in line and " over 3 problems" in line, line
+    # With 4 answers drawn per problem, pass@4 is the share of the 3 problems answered right
+    # at least once: a third at a time, 0 exactly where no answer was right.
     accuracy = float(re.search(r"accuracy (\S+)", line).group(1))
-    assert float(re.search(r"pass@4 (\S+)", line).group(1)) >= accuracy
+    pass_at_4 = float(re.search(r"pass@4 (\S+)", line).group(1))
+    assert pass_at_4 in (0.0, 0.333, 0.667, 1.0) and (pass_at_4 == 0) == (accuracy == 0), line
+    assert accuracy in {round(right / 12, 3) for right in range(13)}, line
 
     # Weights of another shape: one start-up error naming the field and the leaf.
     small = language_model_for(

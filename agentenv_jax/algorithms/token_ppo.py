@@ -493,8 +493,13 @@ def make_token_ppo_update(
         tokens = jnp.sum(mask)
         metrics["kl_to_reference"] = jnp.sum(sample_kl) / jnp.maximum(tokens, 1.0)
         if hp.advantage == "gae":
-            metrics["value_error"] = masked_mean((returns - rollout["value"]) ** 2, mask)
-            metrics["value_target_mean"] = masked_mean(returns, mask)
+            value_error = masked_mean((returns - rollout["value"]) ** 2, mask)
+            target_mean = masked_mean(returns, mask)
+            # What predicting the targets' mean for every token would err: their variance.
+            target_variance = masked_mean((returns - target_mean) ** 2, mask)
+            metrics["value_error"] = value_error
+            metrics["value_target_mean"] = target_mean
+            metrics["explained_variance"] = 1.0 - value_error / jnp.maximum(target_variance, 1e-8)
         metrics["response_length_mean"] = tokens / jnp.maximum(jnp.sum(valid), 1.0)
         if dropped is not None:
             metrics["groups_dropped"] = jnp.sum(dropped) / hp.group_size

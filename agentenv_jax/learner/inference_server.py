@@ -13,10 +13,11 @@ updates; or only while the learner waits for a round's segments (`between_rounds
 
 from __future__ import annotations
 
+import contextlib
 import sys
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, Protocol
 
 import numpy as np
@@ -96,6 +97,10 @@ class InferenceServer:
         self.rows = 0  # rows of real requests answered (padding excluded)
         self.tokens_generated = 0
         self.compute_s = 0.0
+        # Requests answered while the learner's update ran (`during_update`): only the serving
+        # thread answers then.
+        self.requests_while_updating = 0
+        self._updating = False
         # The serving thread, once started; it serves until `close`, and an error it meets is
         # raised on the learner's thread by `check`.
         self._threaded = threaded
@@ -108,6 +113,16 @@ class InferenceServer:
 
     def set_params(self, flat_params: Any) -> None:
         self._policy.set_params(flat_params)
+
+    @contextlib.contextmanager
+    def during_update(self) -> Iterator[None]:
+        """Around the learner's update: the requests answered meanwhile are counted in
+        `requests_while_updating` (a batch counts where it ends)."""
+        self._updating = True
+        try:
+            yield
+        finally:
+            self._updating = False
 
     @property
     def threaded(self) -> bool:
@@ -212,6 +227,8 @@ class InferenceServer:
         for reply in replies:
             reply["served_s"][0] = served_s
         self.requests += len(indices)
+        if self._updating:
+            self.requests_while_updating += len(indices)
         self.compute_s += served_s
 
     def _full_batch(self, indices: list[int], requests: list[dict[str, np.ndarray]]) -> np.ndarray:
@@ -236,6 +253,7 @@ class InferenceServer:
         """For `summary.json`: how the server was used."""
         return {
             "requests": self.requests,
+            "requests_while_updating": self.requests_while_updating,
             "act_batches": self.batches,
             "value_batches": self.value_batches,
             "rows_per_act_batch": self.rows / max(self.batches, 1),

@@ -6,6 +6,7 @@ The maths is in `algorithms.ppo`; data placement in `parallel.mesh`; this module
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Callable
 from typing import Any
@@ -442,8 +443,9 @@ class Learner:
         self._channel.release_round()
 
         tick = time.perf_counter()
-        self.state, metrics = self._update(self.state, rollout)
-        metrics = {k: float(v) for k, v in jax.device_get(metrics).items()}
+        with self._during_update():
+            self.state, metrics = self._update(self.state, rollout)
+            metrics = {k: float(v) for k, v in jax.device_get(metrics).items()}
         update_s = time.perf_counter() - tick
         self.trained += int(metrics.pop("trained_rows"))
         if self.text is not None:
@@ -529,6 +531,12 @@ class Learner:
                 ),
             }
         return rollout, lag, actor_seconds, counts
+
+    def _during_update(self) -> contextlib.AbstractContextManager:
+        """Central inference: what the server answers while the update runs is counted."""
+        if self.inference is None:
+            return contextlib.nullcontext()
+        return self.inference.during_update()
 
     def _generate_time(self) -> dict[str, float]:
         """Central inference: the seconds the server computed since the last record (while
