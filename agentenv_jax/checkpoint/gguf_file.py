@@ -17,6 +17,7 @@ from typing import Any
 
 import numpy as np
 
+from agentenv_jax.checkpoint.weight_files import require_not_lfs_pointer
 from agentenv_jax.config.errors import ConfigError
 from agentenv_jax.networks.llama import LlamaSpec, Params, require_supported, spec_from_config
 
@@ -94,10 +95,14 @@ def _open(path: str | Path) -> Any:
     path = Path(path)
     if not path.is_file():
         raise ConfigError(f"{path}: no such GGUF file")
+    require_not_lfs_pointer(path)
     try:
         return gguf.GGUFReader(path)
-    except (ValueError, OSError) as err:
-        raise ConfigError(f"{path}: not a readable GGUF file ({err})") from None
+    except (ValueError, KeyError, OSError) as err:
+        # A truncated file fails where its tensors would lie past its end, as a reshape.
+        raise ConfigError(
+            f"{path}: not a readable GGUF file, truncated or damaged (gguf: {err})"
+        ) from None
 
 
 def _config(reader: Any, path: Path) -> dict[str, Any]:
