@@ -15,7 +15,7 @@ import pytest
 
 from agentenv_jax.checkpoint.hugging_face import load_folder
 from agentenv_jax.config.errors import ConfigError
-from agentenv_jax.networks.llama import logits, positions_of
+from agentenv_jax.networks.llama import logits, positions_of, spec_from_config
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
@@ -120,6 +120,91 @@ def test_bad_model_folders_are_named_with_what_is_wrong(tmp_path):
         ConfigError, match=r"'model\.layers\.0\.mlp\.gate_proj\.weight' has shape \[112, 64\]"
     ):
         load_folder(tmp_path)
+
+
+LLAMA3_ROPE = FAMILIES["llama"][2]["rope_parameters"]
+# config.json changes (None: the field left out) and the error each gives, after "config.json: ".
+BAD_CONFIGS = {
+    "kv_heads_not_dividing_heads": (
+        {"num_key_value_heads": 3},
+        "num_key_value_heads = 3 does not divide num_attention_heads = 4 (each key/value head "
+        "serves an equal group of query heads); allowed: 1, 2, 4",
+    ),
+    "hidden_size_not_divisible": (
+        {"hidden_size": 66},
+        "hidden_size = 66 is not divisible by num_attention_heads = 4, and there is no head_dim "
+        "to give each head's size; allowed: a multiple of 4, or a head_dim",
+    ),
+    "odd_head_dim": (
+        {"head_dim": 5},
+        "head_dim = 5 is odd; the rotary embedding turns pairs of a head's dimensions: allowed: "
+        "an even head size",
+    ),
+    "odd_derived_head_dim": (
+        {"hidden_size": 20},
+        "head_dim = hidden_size / num_attention_heads = 20 / 4 = 5 is odd; the rotary embedding "
+        "turns pairs of a head's dimensions: allowed: an even head size",
+    ),
+    "no_heads": (
+        {"num_attention_heads": 0},
+        "num_attention_heads = 0 is not allowed; allowed: a positive integer",
+    ),
+    "no_layers": (
+        {"num_hidden_layers": None},
+        "num_hidden_layers is missing; allowed: a positive integer",
+    ),
+    "vocab_size_text": (
+        {"vocab_size": "97"},
+        "vocab_size = '97' is not allowed; allowed: a positive integer",
+    ),
+    "fractional_intermediate_size": (
+        {"intermediate_size": 112.5},
+        "intermediate_size = 112.5 is not allowed; allowed: a positive integer",
+    ),
+    "negative_positions": (
+        {"max_position_embeddings": -1},
+        "max_position_embeddings = -1 is not allowed; allowed: a positive integer",
+    ),
+    "zero_norm_eps": (
+        {"rms_norm_eps": 0},
+        "rms_norm_eps = 0 is not allowed; allowed: a number > 0",
+    ),
+    "negative_rope_theta": (
+        {"rope_theta": -1.0},
+        "rope_theta = -1.0 is not allowed; allowed: a number > 0",
+    ),
+    "rope_type": (
+        {"rope_parameters": {"rope_type": "yarn", "factor": 4.0}},
+        "rope type 'yarn' is not supported; supported: default, linear, llama3",
+    ),
+    "zero_rope_factor": (
+        {"rope_parameters": LLAMA3_ROPE | {"factor": 0}},
+        "rope_parameters.factor = 0 is not allowed; allowed: a number > 0",
+    ),
+    "llama3_rope_factors_in_the_wrong_order": (
+        {"rope_scaling": {"rope_type": "llama3", "low_freq_factor": 4.0, "high_freq_factor": 1.0}},
+        "rope_scaling.high_freq_factor = 1.0 is not above low_freq_factor = 4.0 (Llama 3's rope "
+        "scaling blends between the two); allowed: a high_freq_factor > low_freq_factor",
+    ),
+}
+
+
+@pytest.mark.parametrize("name", sorted(BAD_CONFIGS))
+def test_config_sizes_that_cannot_make_a_model_are_named(name):
+    change, message = BAD_CONFIGS[name]
+    config = {"model_type": "llama", **SMALL} | change
+    with pytest.raises(ConfigError) as err:
+        spec_from_config({k: v for k, v in config.items() if v is not None})
+    assert str(err.value) == f"config.json: {message}"
+
+
+def test_a_config_of_grouped_query_attention_and_its_own_head_size_is_accepted():
+    spec = spec_from_config(
+        {"model_type": "qwen3", **SMALL, "head_dim": 24, "num_key_value_heads": None}
+    )
+    assert (spec.num_heads, spec.num_kv_heads, spec.head_dim) == (4, 4, 24)
+    spec = spec_from_config({"model_type": "llama", **SMALL, "rope_parameters": LLAMA3_ROPE})
+    assert (spec.num_kv_heads, spec.head_dim, spec.rope_scaling.factor) == (2, 16, 8.0)
 
 
 def lfs_pointer(weights) -> str:

