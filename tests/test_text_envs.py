@@ -9,6 +9,8 @@ import sys
 import numpy as np
 import pytest
 
+from agentenv_jax.config.schema import EnvConfig
+from agentenv_jax.envs.factory import check_first_reset, make_vector_env
 from agentenv_jax.envs.spaces import EnvError
 from agentenv_jax.envs.text import (
     BYTE_TOKENIZER,
@@ -319,6 +321,24 @@ def test_prompt_longer_than_context_is_an_error():
         arithmetic_env(1, context_length=5).reset(seed=0)
     obs, _ = arithmetic_env(1, context_length=6).reset(seed=0)
     assert obs[0, :2].tolist() == [PAD, BOS]
+
+
+def test_a_context_too_short_at_start_up_names_the_setting_not_every_kwarg():
+    # A long question template: the refusal must not echo it (all of env.kwargs) back.
+    question = "Work it out step by step, then give the number alone. " * 40 + "{expression}="
+    config = EnvConfig(
+        id="agentenv_jax/Arithmetic-v0",
+        kwargs={"max_operand": 4, "question": question, "context_length": 64},
+    )
+    env = make_vector_env(config, 2)
+    with pytest.raises(EnvError) as err:
+        check_first_reset(env, config)
+    prompt_tokens = 1 + len(question) - len("{expression}") + len("3+4")  # BOS, single digits
+    assert str(err.value) == (
+        "env.id = 'agentenv_jax/Arithmetic-v0': env.kwargs.context_length = 64 is too short for "
+        f"the prompt: {prompt_tokens} tokens (BOS included) need a context_length of at least "
+        f"{prompt_tokens + 1} (the prompt begins {question[:40]!r})"
+    )
 
 
 def test_same_step_autoreset_returns_the_new_episode_and_final_obs():

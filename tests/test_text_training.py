@@ -499,6 +499,45 @@ def test_bad_text_settings_are_one_start_up_error(experiment, overrides, message
 
 
 @pytest.mark.slow
+def test_a_nan_policy_stops_the_run_with_the_non_finite_error(run_dir, tmp_path):
+    """Finite weights whose logits are NaN (a final norm scaled to 3e38 overflows the hidden
+    state to +-inf, and the tied output layer's sums of +inf and -inf are NaN): the env is still
+    answered with valid token ids, and the run stops at its first update with the non-finite
+    error (exit 3), not with an env error about an id out of range."""
+    import jax
+
+    from agentenv_jax.checkpoint.pretrained import save_language_model
+
+    config = load_config("arithmetic_ppo")
+    kwargs = config.env.kwargs
+    text = BYTE_TOKENIZER.text_spec(kwargs["context_length"], kwargs["response_length"])
+    lm = language_model_for(config.network.language_model, text)
+    weights = jax.tree.map(np.array, lm.init(jax.random.key(0)))
+    weights["policy"]["final_norm"]["scale"][:] = 3e38  # finite: the update-0 check passes
+    save_language_model(tmp_path / "overflowing", weights)
+    proc = run_command(
+        agentenv_command(
+            "train",
+            "arithmetic_ppo",
+            *settings(
+                f"run.run_dir={run_dir}",
+                "run.name=overflowing",
+                "run.progress=false",
+                "run.total_env_steps=512",
+                f"network.language_model.init_from={tmp_path / 'overflowing'}",
+            ),
+        ),
+        timeout=300,
+        cwd=REPO,
+    )
+    assert proc.returncode == 3, proc.stderr[-3000:]
+    assert re.search(r"agentenv: error: update 1: \S+ = nan is not finite", proc.stderr), (
+        proc.stderr[-3000:]
+    )
+    assert "Traceback" not in proc.stderr
+
+
+@pytest.mark.slow
 def test_init_from_starts_training_from_a_local_checkpoint_of_weights(run_dir, tmp_path):
     from agentenv_jax.checkpoint import CheckpointStore
     from agentenv_jax.checkpoint.pretrained import save_language_model

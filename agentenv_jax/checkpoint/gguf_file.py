@@ -17,6 +17,7 @@ from typing import Any
 
 import numpy as np
 
+from agentenv_jax.checkpoint.weight_files import require_not_lfs_pointer
 from agentenv_jax.config.errors import ConfigError
 from agentenv_jax.networks.llama import LlamaSpec, Params, require_supported, spec_from_config
 
@@ -94,10 +95,14 @@ def _open(path: str | Path) -> Any:
     path = Path(path)
     if not path.is_file():
         raise ConfigError(f"{path}: no such GGUF file")
+    require_not_lfs_pointer(path)
     try:
         return gguf.GGUFReader(path)
-    except (ValueError, OSError) as err:
-        raise ConfigError(f"{path}: not a readable GGUF file ({err})") from None
+    except (ValueError, KeyError, OSError) as err:
+        # A truncated file fails where its tensors would lie past its end, as a reshape.
+        raise ConfigError(
+            f"{path}: not a readable GGUF file, truncated or damaged (gguf: {err})"
+        ) from None
 
 
 def _config(reader: Any, path: Path) -> dict[str, Any]:
@@ -108,24 +113,32 @@ def _config(reader: Any, path: Path) -> dict[str, Any]:
     names = {t.name for t in reader.tensors}
     if "rope_freqs.weight" in names:
         raise ConfigError(f"{path}: rope scaling stored as rope_freqs.weight is not supported yet")
-    heads = int(_value(reader, f"{arch}.attention.head_count"))
+
+    def required(key: str) -> Any:
+        value = _value(reader, f"{arch}.{key}")
+        if value is None:
+            raise ConfigError(f"{path}: metadata key {arch}.{key} is missing")
+        return value
+
+    heads = required("attention.head_count")
     tokens = _value(reader, "tokenizer.ggml.tokens")
+    # The sizes are passed on as stored: `spec_from_config` checks them.
     config = {
         "model_type": arch,
-        "vocab_size": int(_value(reader, f"{arch}.vocab_size", len(tokens or []))),
-        "hidden_size": int(_value(reader, f"{arch}.embedding_length")),
-        "intermediate_size": int(_value(reader, f"{arch}.feed_forward_length")),
-        "num_hidden_layers": int(_value(reader, f"{arch}.block_count")),
+        "vocab_size": _value(reader, f"{arch}.vocab_size", len(tokens or [])),
+        "hidden_size": required("embedding_length"),
+        "intermediate_size": required("feed_forward_length"),
+        "num_hidden_layers": required("block_count"),
         "num_attention_heads": heads,
-        "num_key_value_heads": int(_value(reader, f"{arch}.attention.head_count_kv", heads)),
-        "rms_norm_eps": float(_value(reader, f"{arch}.attention.layer_norm_rms_epsilon")),
-        "rope_theta": float(_value(reader, f"{arch}.rope.freq_base", 10000.0)),
-        "max_position_embeddings": int(_value(reader, f"{arch}.context_length", 2048)),
+        "num_key_value_heads": _value(reader, f"{arch}.attention.head_count_kv", heads),
+        "rms_norm_eps": required("attention.layer_norm_rms_epsilon"),
+        "rope_theta": _value(reader, f"{arch}.rope.freq_base", 10000.0),
+        "max_position_embeddings": _value(reader, f"{arch}.context_length", 2048),
         "tie_word_embeddings": "output.weight" not in names,
     }
     head_dim = _value(reader, f"{arch}.attention.key_length")
     if head_dim is not None:
-        config["head_dim"] = int(head_dim)
+        config["head_dim"] = head_dim
     return config
 
 

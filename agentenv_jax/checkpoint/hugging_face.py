@@ -12,6 +12,7 @@ from typing import Any
 
 import numpy as np
 
+from agentenv_jax.checkpoint.weight_files import require_whole_safetensors
 from agentenv_jax.config.errors import ConfigError
 from agentenv_jax.networks.llama import LlamaSpec, Params, parameter_shapes, spec_from_config
 
@@ -57,24 +58,53 @@ def read_spec(folder: str | Path) -> LlamaSpec:
     return spec_from_config(config, str(path))
 
 
+def _shards(folder: Path) -> list[Path]:
+    """The shards `model.safetensors.index.json` lists, each checked to be there; `ConfigError`
+    naming the index and the first shard missing."""
+    index = folder / _INDEX
+    try:
+        weight_map = json.loads(index.read_text())["weight_map"]
+        tensors_of: dict[str, list[str]] = {}
+        for name, file in weight_map.items():
+            tensors_of.setdefault(str(file), []).append(str(name))
+    except json.JSONDecodeError as err:
+        raise ConfigError(f"{index}: not valid JSON ({err})") from None
+    except (KeyError, TypeError, AttributeError):
+        raise ConfigError(
+            f'{index}: no "weight_map" table of tensor names to shard files'
+        ) from None
+    for file, names in sorted(tensors_of.items()):
+        if not (folder / file).is_file():
+            more = f" and {len(names) - 1} more tensors" if len(names) > 1 else ""
+            raise ConfigError(
+                f"{index} names shard {file!r} (for {min(names)!r}{more}), which is missing "
+                f"from {folder}: download it there"
+            )
+    return [folder / file for file in sorted(tensors_of)]
+
+
 def _weight_files(folder: Path) -> list[Path]:
     """The safetensors files of the folder: the index's shards, else the single file."""
     if (folder / _INDEX).is_file():
-        weight_map = json.loads((folder / _INDEX).read_text())["weight_map"]
-        return [folder / file for file in sorted(set(weight_map.values()))]
+        return _shards(folder)
     if (folder / _SINGLE).is_file():
         return [folder / _SINGLE]
     raise ConfigError(f"{folder}: no {_SINGLE} or {_INDEX}")
 
 
 def read_tensors(folder: str | Path) -> dict[str, np.ndarray]:
-    """Every tensor of the folder's safetensors files, by its name in the checkpoint."""
-    from safetensors import safe_open
+    """Every tensor of the folder's safetensors files, by its name in the checkpoint;
+    `ConfigError` naming a file that is missing, a git-LFS pointer, truncated or unreadable."""
+    from safetensors import SafetensorError, safe_open
 
     tensors: dict[str, np.ndarray] = {}
     for path in _weight_files(Path(folder)):
-        with safe_open(path, framework="numpy") as file:
-            tensors |= {name: file.get_tensor(name) for name in file.keys()}
+        require_whole_safetensors(path)
+        try:
+            with safe_open(path, framework="numpy") as file:
+                tensors |= {name: file.get_tensor(name) for name in file.keys()}
+        except SafetensorError as err:  # damage the checks above do not see
+            raise ConfigError(f"{path}: not a readable safetensors file ({err})") from None
     return tensors
 
 

@@ -247,9 +247,13 @@ def env_settings(config: EnvConfig) -> str:
 def check_first_reset(vector_env: gym.vector.VectorEnv, config: EnvConfig) -> None:
     """Reset the vector env once, so that settings which fail only when an env first runs (a
     render mode whose dependency is missing, say) are a start-up error naming them, agreed on
-    by every rank, instead of a crash in the loop. The actor resets again with its own seeds."""
+    by every rank, instead of a crash in the loop. The actor resets again with its own seeds.
+    An `EnvError` of the env itself names its own setting and is passed on with the env's id;
+    any other error gets every `env.kwargs` setting, not knowing which one it is about."""
     try:
         vector_env.reset(seed=0)
+    except EnvError as err:  # the env's own refusal names its setting: not all of env.kwargs
+        raise EnvError(f"env.id = {config.id!r}: {err}") from err
     except Exception as err:
         raise EnvError(
             f"{env_settings(config)}: the env failed on its first reset: "

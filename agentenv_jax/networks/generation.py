@@ -27,8 +27,17 @@ def sample_categorical(key: jax.Array, logits: jax.Array) -> jax.Array:
     first index of the maximum), as two plain reductions: XLA's CPU backend fuses the noise
     into argmax's index-carrying reduction and runs it unvectorized (12 ms against 4 ms for
     `[16, 49152]` logits here, a sixth of a SmolLM2 decoding step). `logits` `[B, V]` -> `[B]`
-    int32."""
+    int32, always in `[0, V)`.
+
+    A NaN logit (a diverged or overflowing model) counts as the largest, so a row with one draws
+    its first NaN, as argmax and so `jax.random.categorical` do: an id the env can take (never
+    a masked one such as PAD), while the row's log-probs, NaN too, carry the fault to the
+    learner, whose non-finite guard stops the run."""
     noisy = logits + jax.random.gumbel(key, logits.shape, logits.dtype)
+    # NOTE: left in, a NaN makes the maximum NaN, which equals no entry (the row got V), or,
+    # in some compiled programs (the actor's, here), is passed over by the maximum (the row got
+    # PAD, the largest of the rest); as +inf it is the maximum either way.
+    noisy = jnp.where(jnp.isnan(noisy), jnp.inf, noisy)
     top = jnp.max(noisy, axis=-1, keepdims=True)
     index = jax.lax.broadcasted_iota(jnp.int32, noisy.shape, noisy.ndim - 1)
     return jnp.min(jnp.where(noisy == top, index, logits.shape[-1]), axis=-1)

@@ -65,11 +65,78 @@ class LlamaSpec:
     max_position_embeddings: int
 
 
+def _setting(config: Mapping[str, Any], field: str, default: Any = None) -> Any:
+    """`config[field]`, or `default` where it is missing or null."""
+    value = config.get(field)
+    return default if value is None else value
+
+
+def _positive_int(value: Any, field: str, where: str) -> int:
+    """`value` if a positive integer, else `ConfigError` naming `field` and the value (None:
+    missing)."""
+    if value is None:
+        raise ConfigError(f"{where}: {field} is missing; allowed: a positive integer")
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ConfigError(
+            f"{where}: {field} = {value!r} is not allowed; allowed: a positive integer"
+        )
+    return value
+
+
+def _positive_number(value: Any, field: str, where: str) -> float:
+    """`value` as a float if a finite number > 0, else `ConfigError` naming `field`."""
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value < math.inf:
+        raise ConfigError(f"{where}: {field} = {value!r} is not allowed; allowed: a number > 0")
+    return float(value)
+
+
+def _head_sizes(config: Mapping[str, Any], where: str) -> tuple[int, int, int]:
+    """`(num_heads, num_kv_heads, head_dim)` of `config`, checked against each other and
+    `hidden_size`: key/value heads divide the query heads (each is shared by an equal group of
+    them), and a head's size is even (the rotary embedding turns pairs of its dimensions)."""
+    hidden = _positive_int(config.get("hidden_size"), "hidden_size", where)
+    heads = _positive_int(config.get("num_attention_heads"), "num_attention_heads", where)
+    kv_heads = _positive_int(
+        _setting(config, "num_key_value_heads", heads), "num_key_value_heads", where
+    )
+    if heads % kv_heads:
+        divisors = [n for n in range(1, heads + 1) if heads % n == 0]
+        raise ConfigError(
+            f"{where}: num_key_value_heads = {kv_heads} does not divide num_attention_heads = "
+            f"{heads} (each key/value head serves an equal group of query heads); allowed: "
+            f"{', '.join(map(str, divisors))}"
+        )
+    if config.get("head_dim") is not None:
+        head_dim = _positive_int(config["head_dim"], "head_dim", where)
+        field = f"head_dim = {head_dim}"
+    elif hidden % heads:
+        raise ConfigError(
+            f"{where}: hidden_size = {hidden} is not divisible by num_attention_heads = {heads}, "
+            "and there is no head_dim to give each head's size; allowed: a multiple of "
+            f"{heads}, or a head_dim"
+        )
+    else:
+        head_dim = hidden // heads
+        field = f"head_dim = hidden_size / num_attention_heads = {hidden} / {heads} = {head_dim}"
+    if head_dim % 2:
+        raise ConfigError(
+            f"{where}: {field} is odd; the rotary embedding turns pairs of a head's dimensions: "
+            "allowed: an even head size"
+        )
+    return heads, kv_heads, head_dim
+
+
 def _rope_settings(config: Mapping[str, Any], where: str) -> tuple[float, RopeScaling | None]:
+    """The rotary embedding's base and scaling, checked: a supported type, and numbers its
+    frequencies can be computed from."""
     # transformers 5 writes `rope_parameters`; checkpoints saved before it, `rope_theta` and
     # `rope_scaling` at the top level.
     parameters = dict(config.get("rope_parameters") or {})
-    theta = float(parameters.pop("rope_theta", config.get("rope_theta", 10000.0)))
+    theta_field = "rope_parameters.rope_theta" if "rope_theta" in parameters else "rope_theta"
+    theta = _positive_number(
+        parameters.pop("rope_theta", _setting(config, "rope_theta", 10000.0)), theta_field, where
+    )
+    block = "rope_parameters" if parameters else "rope_scaling"
     scaling = parameters or dict(config.get("rope_scaling") or {})
     rope_type = scaling.get("rope_type", scaling.get("type", "default"))
     if rope_type not in _ROPE_TYPES:
@@ -80,9 +147,25 @@ def _rope_settings(config: Mapping[str, Any], where: str) -> tuple[float, RopeSc
     if rope_type == "default":
         return theta, None
     fields = {f.name for f in dataclasses.fields(RopeScaling)}
-    return theta, RopeScaling(
+    rope = RopeScaling(
         **{k: v for k, v in scaling.items() if k in fields} | {"rope_type": rope_type}
     )
+    _positive_number(rope.factor, f"{block}.factor", where)
+    if rope_type == "llama3":
+        low = _positive_number(rope.low_freq_factor, f"{block}.low_freq_factor", where)
+        high = _positive_number(rope.high_freq_factor, f"{block}.high_freq_factor", where)
+        if high <= low:
+            raise ConfigError(
+                f"{where}: {block}.high_freq_factor = {high} is not above low_freq_factor = "
+                f"{low} (Llama 3's rope scaling blends between the two); allowed: a "
+                "high_freq_factor > low_freq_factor"
+            )
+        _positive_int(
+            rope.original_max_position_embeddings,
+            f"{block}.original_max_position_embeddings",
+            where,
+        )
+    return theta, rope
 
 
 def require_supported(model_type: Any, where: str, field: str = "model_type") -> str:
@@ -96,25 +179,31 @@ def require_supported(model_type: Any, where: str, field: str = "model_type") ->
 
 
 def spec_from_config(config: Mapping[str, Any], where: str = "config.json") -> LlamaSpec:
-    """The spec of a checkpoint's `config.json` (as a dict); `ConfigError` naming `where` for
-    a model type or setting this module does not implement."""
+    """The spec of a checkpoint's `config.json` (as a dict); `ConfigError` naming `where`, the
+    field, its value and what is allowed for a model type or setting this module does not
+    implement, or sizes that do not fit together. Every field the parameters' shapes depend on
+    is checked here, before any weight is read."""
     model_type = require_supported(config.get("model_type"), where)
     activation = config.get("hidden_act", "silu")
     if activation != "silu":
         raise ConfigError(f"{where}: hidden_act {activation!r} is not supported; supported: silu")
-    heads = int(config["num_attention_heads"])
+    heads, kv_heads, head_dim = _head_sizes(config, where)
     theta, scaling = _rope_settings(config, where)
     attention_bias = bool(config.get("attention_bias", False))
     return LlamaSpec(
         model_type=model_type,
-        vocab_size=int(config["vocab_size"]),
-        hidden_size=int(config["hidden_size"]),
-        intermediate_size=int(config["intermediate_size"]),
-        num_layers=int(config["num_hidden_layers"]),
+        vocab_size=_positive_int(config.get("vocab_size"), "vocab_size", where),
+        hidden_size=int(config["hidden_size"]),  # checked by `_head_sizes`
+        intermediate_size=_positive_int(
+            config.get("intermediate_size"), "intermediate_size", where
+        ),
+        num_layers=_positive_int(config.get("num_hidden_layers"), "num_hidden_layers", where),
         num_heads=heads,
-        num_kv_heads=int(config.get("num_key_value_heads") or heads),
-        head_dim=int(config.get("head_dim") or config["hidden_size"] // heads),
-        rms_norm_eps=float(config.get("rms_norm_eps", 1e-6)),
+        num_kv_heads=kv_heads,
+        head_dim=head_dim,
+        rms_norm_eps=_positive_number(
+            _setting(config, "rms_norm_eps", 1e-6), "rms_norm_eps", where
+        ),
         rope_theta=theta,
         rope_scaling=scaling,
         qkv_bias=model_type == "qwen2" or attention_bias,
@@ -122,7 +211,9 @@ def spec_from_config(config: Mapping[str, Any], where: str = "config.json") -> L
         mlp_bias=bool(config.get("mlp_bias", False)),
         qk_norm=model_type == "qwen3",
         tie_word_embeddings=bool(config.get("tie_word_embeddings", False)),
-        max_position_embeddings=int(config.get("max_position_embeddings", 2048)),
+        max_position_embeddings=_positive_int(
+            _setting(config, "max_position_embeddings", 2048), "max_position_embeddings", where
+        ),
     )
 
 

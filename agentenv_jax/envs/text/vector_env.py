@@ -197,9 +197,9 @@ class TextVectorEnv(gym.vector.VectorEnv):
         tokens = self.tokenizer.dialogue_start(prompt)
         if tokens.size > self._context_length - 1:
             raise EnvError(
-                f"env.kwargs.context_length = {self._context_length} is too short for a prompt "
-                f"of {tokens.size} tokens (BOS included): it must be at least {tokens.size + 1} "
-                f"(prompt: {prompt[:60]!r}{'...' if len(prompt) > 60 else ''})"
+                f"env.kwargs.context_length = {self._context_length} is too short for the "
+                f"prompt: {tokens.size} tokens (BOS included) need a context_length of at least "
+                f"{tokens.size + 1} (the prompt begins {prompt[:40]!r})"
             )
         self._tokens[i] = tokens.astype(np.int32)
         self._prompts[i] = prompt
