@@ -636,7 +636,7 @@ def test_reasoning_gym_pass_through_dataset_and_unparseable_answers():
         (
             lambda: make_text_vector_env("reasoning_gym/chain_sum", 1, {"max_turns": 2}),
             r"env\.kwargs\.max_turns is not .*allowed: context_length, response_length, group_size, "
-            "seed_offset, split, answer_format, instruction, min_terms",
+            "seed_offset, split, test_fraction, answer_format, instruction, min_terms",
         ),
     ],
 )
