@@ -14,6 +14,7 @@ from test_sharding import _run_with_eight_host_devices
 
 from agentenv_jax.checkpoint import CheckpointError
 from agentenv_jax.config import ConfigError, load_config
+from agentenv_jax.config.errors import import_failure
 from agentenv_jax.envs.jax_envs import make_jax_env
 from agentenv_jax.envs.spaces import EnvError
 from agentenv_jax.metrics.logger import read_metrics
@@ -252,8 +253,58 @@ def test_bad_input_is_one_clear_error_before_anything_is_written(case, run_dir):
 def test_without_gymnax_the_error_says_what_to_install(run_dir, monkeypatch):
     monkeypatch.setitem(sys.modules, "gymnax", None)  # `import gymnax` now raises ImportError
     config = load_config(CARTPOLE_JAX, [f"run.run_dir={run_dir}", "run.name=bad"])
-    with pytest.raises(ConfigError, match=r"needs gymnax, .* pip install 'agentenv_jax\[jax-envs"):
+    with pytest.raises(
+        ConfigError,
+        match=r"needs gymnax, which is not installed: pip install 'agentenv_jax\[jax-envs\]'$",
+    ):
         train(config)
+
+
+def test_import_failure_tells_a_missing_package_from_one_that_fails_to_import():
+    gone = ModuleNotFoundError("No module named 'gymnax'", name="gymnax")
+    assert import_failure("gymnax", gone) == "which is not installed"
+    assert import_failure("gymnax.environments", gone) == "which is not installed"
+    six = ModuleNotFoundError("No module named 'six'", name="six")
+    assert import_failure("gymnax", six) == (
+        "which is installed but fails to import (ModuleNotFoundError: No module named 'six')"
+    )
+    inner = ModuleNotFoundError("No module named 'gymnax.utils'", name="gymnax.utils")
+    assert import_failure("gymnax", inner).startswith("which is installed but fails to import")
+    broken = AttributeError("module 'jax' has no attribute 'tree_map'")
+    assert import_failure("gymnax", broken) == (
+        "which is installed but fails to import "
+        "(AttributeError: module 'jax' has no attribute 'tree_map')"
+    )
+
+
+# `python -c`: `six` made unimportable (None in sys.modules), as in a venv where nothing brought
+# it, then the `agentenv` CLI; gymnax itself is installed and imports six.
+_WITHOUT_SIX = """
+import sys
+sys.modules["six"] = None
+from agentenv_jax.workflow.cli import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+@pytest.mark.slow
+def test_an_installed_gymnax_that_fails_to_import_is_named_with_its_error(tmp_path):
+    """An installed gymnax whose own import fails is not reported as missing: the message
+    says it is installed and gives the error its import raised."""
+    proc = run_command(
+        [sys.executable, "-c", _WITHOUT_SIX, "train", "cartpole_ppo_jax"]
+        + settings(f"run.run_dir={tmp_path}", "run.name=bad"),
+        timeout=120,
+        cwd=tmp_path,
+    )
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    assert (
+        "agentenv: error: env.backend = 'jax' needs gymnax, which is installed but fails to "
+        "import (ModuleNotFoundError: No module named 'six"
+    ) in proc.stderr, proc.stderr[-3000:]
+    assert "pip install 'agentenv_jax[jax-envs]'" in proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert not (tmp_path / "bad").exists()
 
 
 @pytest.mark.slow

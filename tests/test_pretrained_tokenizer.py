@@ -1,8 +1,8 @@
 """A pretrained model's tokenizer and chat template against transformers: SmolLM2's, read from
 the vocabulary inside its GGUF file, and a Hugging Face folder's (`tokenizer.json` with a chat
-template of system, user, assistant and tool turns and tool schemas) give the ids of
-`apply_chat_template`; a text env keeps the generated ids of each message (token in, token
-out) and appends only the template's turn after it."""
+template of system, user, assistant and tool turns and tool schemas, and one with
+`{% generation %}` blocks) give the ids of `apply_chat_template`; a text env keeps the generated
+ids of each message (token in, token out) and appends only the template's turn after it."""
 
 from __future__ import annotations
 
@@ -52,6 +52,17 @@ TOOL_TEMPLATE = (
     "{% else %}<|im_start|>{{ message['role'] }}\n{{ message['content'] | trim }}<|im_end|>\n"
     "{% endif %}{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
 )
+# transformers' `{% generation %}` block (what `return_assistant_tokens_mask` marks) around each
+# assistant message, with a `set` inside it: the block is a scope of its own.
+GENERATION_TEMPLATE = (
+    "{% set turns = namespace(assistant=0) %}{% for message in messages %}"
+    "{% if message['role'] == 'assistant' %}<|im_start|>assistant\n"
+    "{% generation %}{% set turns.assistant = turns.assistant + 1 %}{% set inner = 'x' %}"
+    "{{ message['content'] | trim }}<|im_end|>{% endgeneration %}\n"
+    "{% else %}<|im_start|>{{ message['role'] }}\n{{ message['content'] | trim }}<|im_end|>\n"
+    "{% endif %}{% endfor %}{{ turns.assistant }} {{ inner is defined }}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
 
 
 @pytest.fixture(scope="module")
@@ -92,6 +103,31 @@ def test_folder_tokenizer_renders_tool_turns_as_transformers(smollm2, tmp_path) 
     assert "<|im_start|>ipython\n" in text and '"name": "add"' in text  # not a trivial case
     with pytest.raises(EnvError, match="13 rows of the model's embedding"):
         load_tokenizer(str(tmp_path), 13)
+
+
+def test_a_template_with_generation_blocks_renders_as_transformers(smollm2, tmp_path) -> None:
+    theirs = copy.deepcopy(smollm2[1])
+    theirs.chat_template = GENERATION_TEMPLATE
+    theirs.save_pretrained(tmp_path)
+    reloaded = transformers.AutoTokenizer.from_pretrained(tmp_path)
+    ours = load_tokenizer(str(tmp_path), SMOLLM2_VOCAB)
+    dialogue = DIALOGUE[1:3] + [{"role": "user", "content": "Again?"}]
+    for turns, prompt in ((dialogue, True), (dialogue[:2], False)):
+        text = reloaded.apply_chat_template(turns, add_generation_prompt=prompt, tokenize=False)
+        assert ours.chat.render(turns, prompt) == text
+        assert ours.encode_chat(turns, prompt).tolist() == list(
+            reloaded.apply_chat_template(turns, add_generation_prompt=prompt)["input_ids"]
+        )
+    # Not a trivial case: the body is written, a namespace set inside it counts, a plain one stays.
+    assert ours.chat.render(dialogue, True).endswith(
+        "17 + 25 = 42<|im_end|><|im_start|>user\nAgain?<|im_end|>\n1 False<|im_start|>assistant\n"
+    )
+    # transformers reads the block as the assistant's tokens: the template exercises it.
+    marked = reloaded.apply_chat_template(
+        dialogue, tokenize=True, return_dict=True, return_assistant_tokens_mask=True
+    )
+    ids = np.asarray(marked["input_ids"])[np.asarray(marked["assistant_masks"], bool)]
+    assert reloaded.decode(ids.tolist()) == "17 + 25 = 42<|im_end|>"
 
 
 def test_a_text_env_keeps_the_generated_ids_and_appends_the_templates_turn(smollm2) -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -206,12 +207,36 @@ def tensors_from_params(spec: LlamaSpec, params: Params, prefix: str = "") -> di
     }
 
 
+def _umask() -> int:
+    """The process's umask: Linux shows it in /proc; elsewhere it is read by setting it."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    except OSError:
+        pass
+    # NOTE: for the instant between these calls the mask is the strictest one, so that a file
+    # another thread creates meanwhile is never more open than its owner asked.
+    mask = os.umask(0o077)
+    os.umask(mask)
+    return mask
+
+
+def save_tensors(
+    tensors: Mapping[str, np.ndarray], path: str | Path, metadata: dict[str, str] | None = None
+) -> None:
+    """`safetensors.numpy.save_file`, leaving the file readable as an ordinary write does
+    (mode 0666 less the umask, 0644 under the usual 022): safetensors writes its files 0600."""
+    from safetensors.numpy import save_file
+
+    save_file(dict(tensors), path, metadata=metadata)
+    os.chmod(path, 0o666 & ~_umask())
+
+
 def save_folder(folder: str | Path, spec: LlamaSpec, params: Params, **config: Any) -> None:
     """Write `config.json` and `model.safetensors` of a model to `folder` (made if missing),
     as `transformers`' `save_pretrained` lays them out."""
-    from safetensors.numpy import save_file
-
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "config.json").write_text(json.dumps(config_from_spec(spec, **config), indent=2))
-    save_file(tensors_from_params(spec, params), folder / _SINGLE, metadata={"format": "pt"})
+    save_tensors(tensors_from_params(spec, params), folder / _SINGLE, metadata={"format": "pt"})

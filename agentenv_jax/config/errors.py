@@ -9,3 +9,15 @@ class ConfigError(ValueError):
 
 class MeshError(ValueError):
     """A device count that does not fit the batch; the message says what would."""
+
+
+def import_failure(module: str, err: BaseException) -> str:
+    """Why `import module` raised `err`, to finish "X needs `module`, ...": "which is not
+    installed" where `module` itself (or a package above it) is missing, else "which is
+    installed but fails to import (<error>)": a package that imports something nobody
+    installed, or that breaks on the versions beside it."""
+    missing = getattr(err, "name", None)
+    if isinstance(err, ModuleNotFoundError) and missing:
+        if module == missing or module.startswith(missing + "."):
+            return "which is not installed"
+    return f"which is installed but fails to import ({type(err).__name__}: {err})"

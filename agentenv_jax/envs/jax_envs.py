@@ -21,7 +21,7 @@ import flax.struct
 import jax
 import jax.numpy as jnp
 
-from agentenv_jax.config.errors import ConfigError
+from agentenv_jax.config.errors import ConfigError, import_failure
 from agentenv_jax.config.schema import EnvConfig
 from agentenv_jax.envs.spaces import EnvError, EnvSpaces, describe_spaces
 
@@ -65,9 +65,9 @@ class JaxEnv:
 def _import_gymnax() -> Any:
     try:
         import gymnax
-    except ImportError:
+    except Exception as err:  # an installed gymnax can fail with anything its imports raise
         raise ConfigError(
-            f"env.backend = 'jax' needs gymnax, which is not installed: {INSTALL_HINT}"
+            f"env.backend = 'jax' needs gymnax, {import_failure('gymnax', err)}: {INSTALL_HINT}"
         ) from None
     return gymnax
 

@@ -1,9 +1,11 @@
 """`agentenv export RUN_DIR OUT_DIR`: a trained pretrained-model policy as a Hugging Face folder
 that `transformers.AutoModelForCausalLM.from_pretrained` loads (and vLLM serves, and llama.cpp
 converts): `config.json`, `model.safetensors`, `generation_config.json`, the tokenizer files and
-the chat template. The value head (and a separate critic's trunk) is saved beside the model, in
-`value_head.safetensors`, which transformers does not read. A LoRA run's adapters are folded
-into the weights they adapt.
+the chat template, and nothing else at the top level. The value head (and a separate critic's
+trunk) goes into a subfolder, `critic/value_head.safetensors`: vLLM and llama.cpp's converter,
+given no index file, read every `*.safetensors` at the top level and stop on tensors the model
+does not have. A LoRA run's adapters are folded into the weights they adapt. Files and folders
+are written as any file is (0644 and 0755 under the usual umask).
 """
 
 from __future__ import annotations
@@ -19,15 +21,15 @@ from agentenv_jax.config.errors import ConfigError
 from agentenv_jax.config.loading import load_config
 from agentenv_jax.envs.text.registry import is_text_env
 
-VALUE_HEAD_FILE = "value_head.safetensors"
+# The value head's tensors (`value_head.kernel` `[hidden, 1]`, `value_head.bias` `[1]`) and a
+# separate critic's trunk (its checkpoint names after `critic.`), float32, relative to OUT_DIR.
+VALUE_HEAD_FILE = "critic/value_head.safetensors"
 
 
 def export_run(run_dir: str | Path, out_dir: str | Path, checkpoint: int | None = None) -> Path:
     """Write the policy of `run_dir`'s checkpoint `checkpoint` (the newest when None) to
     `out_dir` (which must not hold files yet); the folder written."""
-    from safetensors.numpy import save_file
-
-    from agentenv_jax.checkpoint.hugging_face import save_folder, tensors_from_params
+    from agentenv_jax.checkpoint.hugging_face import save_folder, save_tensors, tensors_from_params
     from agentenv_jax.networks.lora import lora_spec, plain_trunks
     from agentenv_jax.networks.text_models import pretrained_spec, text_tokenizer
 
@@ -59,7 +61,8 @@ def export_run(run_dir: str | Path, out_dir: str | Path, checkpoint: int | None 
     value = {f"value_head.{name}": array for name, array in params["value_head"].items()}
     if "critic" in trunks:
         value |= tensors_from_params(spec, trunks["critic"], prefix="critic.")
-    save_file(value, out_dir / VALUE_HEAD_FILE)
+    (out_dir / VALUE_HEAD_FILE).parent.mkdir()
+    save_tensors(value, out_dir / VALUE_HEAD_FILE)
     return out_dir
 
 

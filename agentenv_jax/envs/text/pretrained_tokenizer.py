@@ -2,7 +2,7 @@
 (`tokenizer.json` through the `tokenizers` library, `tokenizer_config.json` or
 `chat_template.jinja` for the template) or from the vocabulary inside a GGUF file; dialogues
 rendered with the template as `transformers`' `apply_chat_template` renders them (the same
-sandboxed jinja environment, filters and special-token variables).
+sandboxed jinja environment, filters, `generation` tag and special-token variables).
 
 Token in, token out: a text env keeps the ids the policy generated and appends, after each
 message, only the tokens of what the template writes after that message's end-of-turn token
@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import functools
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -44,8 +44,33 @@ _GGUF_SPLITS = {
 _GGUF_CONTROL = 3  # llama.cpp's token type of control tokens (special: never split)
 
 
+@functools.cache
+def _generation_block() -> type:
+    """transformers' `{% generation %}...{% endgeneration %}` tag, a jinja extension: its
+    assistant-token mask (`return_assistant_tokens_mask`) marks what the block renders, and the
+    text is the body's, rendered unchanged. Parsed as transformers parses it, into a call block,
+    so that the body is a scope of its own here too (a plain `set` inside it stays there)."""
+    import jinja2.ext
+    import jinja2.nodes
+
+    class GenerationBlock(jinja2.ext.Extension):
+        tags = {"generation"}
+
+        def parse(self, parser: Any) -> jinja2.nodes.Node:
+            lineno = next(parser.stream).lineno
+            body = parser.parse_statements(("name:endgeneration",), drop_needle=True)
+            call = self.call_method("_body")
+            return jinja2.nodes.CallBlock(call, [], [], body).set_lineno(lineno)
+
+        def _body(self, caller: Callable[[], str]) -> str:
+            return caller()
+
+    return GenerationBlock
+
+
 class ChatTemplate:
-    """A checkpoint's jinja chat template, compiled in a sandbox as transformers compiles it."""
+    """A checkpoint's jinja chat template, compiled in a sandbox as transformers compiles it
+    (with its `generation` tag)."""
 
     def __init__(self, source: str, special_tokens: Mapping[str, str | None]):
         import jinja2
@@ -66,7 +91,9 @@ class ChatTemplate:
             )
 
         env = ImmutableSandboxedEnvironment(
-            trim_blocks=True, lstrip_blocks=True, extensions=[jinja2.ext.loopcontrols]
+            trim_blocks=True,
+            lstrip_blocks=True,
+            extensions=[_generation_block(), jinja2.ext.loopcontrols],
         )
         env.filters["tojson"] = tojson
         env.globals["raise_exception"] = raise_exception
