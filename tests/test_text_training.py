@@ -21,7 +21,7 @@ from agentenv_jax.envs.text.tasks import ArithmeticTask
 from agentenv_jax.envs.text.tokenizer import BYTE_TOKENIZER
 from agentenv_jax.networks.language_model import count_params
 from agentenv_jax.networks.text_models import language_model_for
-from agentenv_jax.workflow.text_dialogues import DialogueSample, sample_dialogues, trained_params
+from agentenv_jax.workflow.text_dialogues import sample_dialogues, trained_params
 
 from conftest import REPO, agentenv_command, mpiexec_path, run_command, settings
 
@@ -30,20 +30,31 @@ from conftest import REPO, agentenv_command, mpiexec_path, run_command, settings
 # the most common answer, 4, scores 0.20 (5 of the 25 operand pairs); a uniformly random answer
 # among the 9 that occur (0..8) scores 0.11. On the prompts whose answer is not 4, the best
 # constant answer (3 or 5) scores 0.20 (4 of 20 pairs) and a random one 0.125. The untrained
-# model emits random bytes: its first 256 answers are 0.0 accurate. As shipped
-# (`experiments/arithmetic_ppo.yaml`, 100 updates of 256 answers) the mean accuracy of the last
-# 10 updates is 0.22, 0.46 and 0.42 on seeds 0, 1 and 2 (one process, commit c9d074c; float-
-# level changes to the model reshuffle which seed does well: at c59f822 they were 0.33, 0.40
-# and 0.44). The test trains seed 1 under `mpiexec -n 3`; earlier, on 1024 fresh prompts
-# sampled as in training, trained models scored 0.35 to 0.48 overall and about as well on the
-# prompts whose answer is not 4: they answer some sums always right and others never, not one
-# constant.
+# model emits random bytes: its first 256 answers are 0.0 accurate.
+# As shipped (`experiments/arithmetic_ppo.yaml`, 100 updates of 256 answers) how well a seed learns
+# varies widely. The mean accuracy of the last 10 updates at commit 78cbb6a, one process each on 2
+# CPU cores (`mpiexec -n 3` trains a seed to the same metrics): 0.15, 0.42, 0.37, 0.52, 0.38, 0.40,
+# 0.31, 0.60, 0.30 and 0.27 on seeds 0-9, median 0.38. Any float-level change reshuffles which seeds
+# do well: c9d074c, which only made the LM head read the answer positions alone (the same logits,
+# gradients 4e-7 apart relative), took seed 0 from 0.42 to 0.15, and seeds 0-9 before it scored
+# 0.29-0.58, median 0.39, the same spread. (The 0.22, 0.46 and 0.42 quoted here before for seeds 0-2
+# after c9d074c match their last 10 updates' mean reward, 0.229, 0.464 and 0.427, which pays 0.1 for
+# a wrong number.) So the test trains ARITHMETIC_SEEDS and holds their medians to the best trivial
+# policy + MEDIAN_MARGIN_OVER_TRIVIAL (0.25): the last 10 updates' accuracy (0.37 at 78cbb6a; 0.15,
+# 0.42, 0.37 on seeds 0, 1, 2) and, on 1024 fresh prompts sampled as in training, the accuracy
+# overall (0.37; 0.15, 0.42, 0.37) and on the prompts whose answer is not 4 (0.48; 0.19, 0.54,
+# 0.48). Of the 20 runs measured (seeds 0-9 before and after c9d074c), 1 fell below 0.25 on its last
+# 10 updates and 5 below 0.30; on fresh prompts 1 and 3 overall, 2 and 4 where the answer is not 4.
+# Three seeds drawn from those 20 runs fail a bar of 0.30 for their medians 22% of the time, one of
+# 0.25 3%. Trained models answer some sums always right and others never, not one constant.
 UNTRAINED_ACCURACY = 0.0
 MARGIN_OVER_TRIVIAL = 0.1  # accuracy the trained policy must add to the best trivial policy's
 # The explained variance token PPO's critic must exceed, the mean of the last 10 updates: its
 # value error at most 0.8 of a constant predictor's, the targets' mean (0.47 measured, seed 1
 # under `mpiexec -n 3`; each of the 10 at least 0.34, the first updates' -9 to 0).
 EXPLAINED_VARIANCE = 0.2
+MEDIAN_MARGIN_OVER_TRIVIAL = 0.05  # what the median of ARITHMETIC_SEEDS must add to it
+ARITHMETIC_SEEDS = (1, 0, 2)  # arithmetic_ppo's learning test: the first under mpiexec
 _OPERATIONS = {"+": operator.add, "-": operator.sub, "*": operator.mul}
 
 
@@ -70,20 +81,20 @@ def _trivial_accuracies(answers: Sequence[int]) -> tuple[int, float, float]:
     return common, count / len(answers), 1 / len(counts)
 
 
-def _assert_beats_trivial_policies(env_kwargs: dict, sample: DialogueSample) -> None:
-    """`sample`'s accuracy beats the best trivial policy on the task by MARGIN_OVER_TRIVIAL, and
-    so does its accuracy on the prompts whose answer is not the most common one."""
-    answers = _task_answers(env_kwargs)
-    common, common_share, uniform = _trivial_accuracies(answers)
-    _, rest_share, rest_uniform = _trivial_accuracies([a for a in answers if a != common])
+def _fresh_accuracies(run, common: int) -> tuple[float, float, dict[int, float]]:
+    """A trained arithmetic run's policy on 1024 fresh prompts (the evaluation seeds), sampled
+    as in training: its accuracy, that on the prompts whose answer is not `common`, and its
+    accuracy by answer."""
+    sample = sample_dialogues(
+        load_config(run / "config.yaml"), trained_params(run), num_episodes=1024
+    )
     right: dict[int, list[bool]] = collections.defaultdict(list)  # by each prompt's answer
     for transcript, success in zip(sample.transcripts, sample.successes, strict=True):
         right[_answer(transcript.split("\n")[0])].append(success)
-    by_answer = {answer: float(np.mean(right[answer])) for answer in sorted(right)}
+    by_answer = {answer: round(float(np.mean(right[answer])), 2) for answer in sorted(right)}
     rest = [success for answer in right if answer != common for success in right[answer]]
-    assert sample.accuracy >= max(common_share, uniform) + MARGIN_OVER_TRIVIAL, by_answer
-    assert len(rest) >= len(sample.successes) // 2
-    assert np.mean(rest) >= max(rest_share, rest_uniform) + MARGIN_OVER_TRIVIAL, by_answer
+    assert len(rest) >= len(sample.successes) // 2, by_answer
+    return sample.accuracy, float(np.mean(rest)), by_answer
 
 
 def test_the_trivial_baselines_come_from_the_tasks_own_prompts():
@@ -150,22 +161,35 @@ def _assert_reconciles(accounting: dict) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(900)  # three trainings: one under mpiexec, two in one process
 def test_mpiexec_token_ppo_raises_arithmetic_accuracy_above_the_untrained_model(run_dir):
-    run = _mpiexec_train(run_dir, "arithmetic_ppo", "arithmetic", "run.seed=1")
+    first, *others = ARITHMETIC_SEEDS
+    run = _mpiexec_train(run_dir, "arithmetic_ppo", "arithmetic", f"run.seed={first}")
+    runs = {first: run} | {
+        seed: _train(run_dir, "arithmetic_ppo", f"seed{seed}", f"run.seed={seed}")
+        for seed in others
+    }
     records = _metrics(run)
     summary = _summary(run)
     assert summary["topology"].startswith("1 learner + 2 env rank(s), 32 envs")
-    # The first update's answers come from the untrained model, the last ones from training.
-    untrained = records[0]["accuracy"]
-    trained = float(np.mean([r["accuracy"] for r in records[-10:]]))
-    assert untrained <= UNTRAINED_ACCURACY + 0.02, untrained
     config = load_config(run / "config.yaml")
-    _, common_share, _ = _trivial_accuracies(_task_answers(config.env.kwargs))
-    assert trained >= common_share + MARGIN_OVER_TRIVIAL, [r["accuracy"] for r in records[::10]]
+    answers = _task_answers(config.env.kwargs)
+    common, common_share, uniform = _trivial_accuracies(answers)
+    _, rest_share, rest_uniform = _trivial_accuracies([a for a in answers if a != common])
+    trained, fresh, fresh_rest, by_answer = {}, {}, {}, {}
+    for seed, seed_run in sorted(runs.items()):
+        accuracy = [record["accuracy"] for record in _metrics(seed_run)]
+        # The first update's answers come from the untrained model, the last ones from training.
+        assert accuracy[0] <= UNTRAINED_ACCURACY + 0.02, (seed, accuracy[::10])
+        trained[seed] = round(float(np.mean(accuracy[-10:])), 3)
+        fresh[seed], fresh_rest[seed], by_answer[seed] = _fresh_accuracies(seed_run, common)
+    # A seed may learn little (top of the file): the seeds' medians beat the trivial policies.
+    bar = max(common_share, uniform) + MEDIAN_MARGIN_OVER_TRIVIAL
+    assert np.median(list(trained.values())) >= bar, trained
+    assert np.median(list(fresh.values())) >= bar, (fresh, by_answer)
+    rest_bar = max(rest_share, rest_uniform) + MEDIAN_MARGIN_OVER_TRIVIAL
+    assert np.median(list(fresh_rest.values())) >= rest_bar, (fresh_rest, by_answer)
     assert summary["accuracy"] == records[-1]["accuracy"]
-    # The trained policy on 1024 fresh prompts (the evaluation seeds), sampled as in training.
-    sample = sample_dialogues(config, trained_params(run), num_episodes=1024)
-    _assert_beats_trivial_policies(config.env.kwargs, sample)
     # The metrics LLM-RL users read are there and sensible.
     last = records[-1]
     assert 1.0 <= last["response_length_mean"] <= 2.0  # a digit and EOS, at most
