@@ -329,7 +329,7 @@ def test_each_backend_trains_under_mpiexec_with_exact_accounting(
     backend (EnvPool's games in two groups, stepped while the policy acts for the other, their
     frames sent once; ALE's stacks sent whole): the experience reconciles, and the episodes
     reported are whole games (Breakout's five lives take a random policy ~180 steps; one life
-    ~35)."""
+    ~35), with a finite score; no Pong game ends this soon, and its score is stated NaN."""
     overrides = [
         f"run.run_dir={run_dir}",
         "run.name=atari",
@@ -356,11 +356,16 @@ def test_each_backend_trains_under_mpiexec_with_exact_accounting(
     assert accounting["reconciles"] and accounting["unsent"] == 0, accounting
     assert accounting["trained"] == summary["env_steps"] >= 1024, accounting
     assert summary["topology"].startswith("1 learner + 2 env rank(s), 4 envs")
-    assert summary["human_normalized_score"] == pytest.approx(
-        human_normalized_score(atari_game(GAME_OF[experiment]), summary["episode_return_mean"]),
-        nan_ok=True,
-    )
-    if experiment == "breakout_impala":
+    score, normalized = summary["episode_return_mean"], summary["human_normalized_score"]
+    if experiment == "pong_ppo":
+        # A policy that has not learnt loses Pong 21 points to a few, which takes longer than
+        # the 384 steps each game gets here: no game ends, and no score is reported.
+        assert summary["episodes"] == 0 and np.isnan(score) and np.isnan(normalized), summary
+    else:
+        assert summary["episodes"] >= 1 and np.isfinite(score), summary
+        assert normalized == pytest.approx(
+            human_normalized_score(atari_game(GAME_OF[experiment]), score)
+        )
         lengths = [json.loads(line) for line in (run_dir / "atari" / "metrics.jsonl").open()]
         lengths = [m["episode_length_mean"] for m in lengths if m.get("episode_length_mean")]
         assert lengths and min(lengths) > 100, lengths
