@@ -329,7 +329,7 @@ def test_each_backend_trains_under_mpiexec_with_exact_accounting(
     backend (EnvPool's games in two groups, stepped while the policy acts for the other, their
     frames sent once; ALE's stacks sent whole): the experience reconciles, and the episodes
     reported are whole games (Breakout's five lives take a random policy ~180 steps; one life
-    ~35)."""
+    ~35), with a finite score; no Pong game ends this soon, and its score is stated NaN."""
     overrides = [
         f"run.run_dir={run_dir}",
         "run.name=atari",
@@ -356,11 +356,56 @@ def test_each_backend_trains_under_mpiexec_with_exact_accounting(
     assert accounting["reconciles"] and accounting["unsent"] == 0, accounting
     assert accounting["trained"] == summary["env_steps"] >= 1024, accounting
     assert summary["topology"].startswith("1 learner + 2 env rank(s), 4 envs")
-    assert summary["human_normalized_score"] == pytest.approx(
-        human_normalized_score(atari_game(GAME_OF[experiment]), summary["episode_return_mean"]),
-        nan_ok=True,
-    )
-    if experiment == "breakout_impala":
+    score, normalized = summary["episode_return_mean"], summary["human_normalized_score"]
+    if experiment == "pong_ppo":
+        # A policy that has not learnt loses Pong 21 points to a few, which takes longer than
+        # the 384 steps each game gets here: no game ends, and no score is reported.
+        assert summary["episodes"] == 0 and np.isnan(score) and np.isnan(normalized), summary
+    else:
+        assert summary["episodes"] >= 1 and np.isfinite(score), summary
+        assert normalized == pytest.approx(
+            human_normalized_score(atari_game(GAME_OF[experiment]), score)
+        )
         lengths = [json.loads(line) for line in (run_dir / "atari" / "metrics.jsonl").open()]
         lengths = [m["episode_length_mean"] for m in lengths if m.get("episode_length_mean")]
         assert lengths and min(lengths) > 100, lengths
+
+
+# Kung-Fu Master, PPO with pong_ppo's settings on 42x42 frames, 50k agent steps (200k frames) in
+# one process: the mean score of the last 20 whole games (the run's episode_return_mean), each
+# number measured with this test's command (docs/atari.md, *A learning test*). Untrained (the
+# same run with learning rate 1e-12) it is RANDOM_KUNG_FU at seeds 0, 1, 2 (the Atari-57
+# table's random play: 258.5); trained, TRAINED_KUNG_FU at the same seeds.
+RANDOM_KUNG_FU = (415.0, 430.0, 375.0)
+TRAINED_KUNG_FU = (1295.0, 1115.0, 1660.0)
+LEARNED_KUNG_FU = 800.0
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(960)
+def test_ppo_learns_kung_fu_master_beyond_a_random_policys_score(run_dir):
+    """A short Atari run that learns: PPO (pong_ppo's hyperparameters, the Nature CNN) on
+    Kung-Fu Master's 42x42 frames for 50k agent steps at seed 0 (~2 CPU-minutes) ends with its
+    last 20 games scoring over LEARNED_KUNG_FU, about twice what the same run scores untrained
+    (its 20-game means stayed within 305-640 all along, at each of the three seeds).
+    Kung-Fu Master rewards what is learnt early (walk left, kick); Breakout at 100k steps and
+    Boxing at 60k had not left random play with these settings."""
+    overrides = [
+        f"run.run_dir={run_dir}",
+        "run.name=kung_fu",
+        "run.progress=false",
+        "run.seed=0",
+        "env.id=ALE/KungFuMaster-v5",
+        "env.kwargs.img_height=42",
+        "env.kwargs.img_width=42",
+        "env.num_threads=1",
+        "run.total_env_steps=50000",
+    ]
+    proc = run_command(
+        agentenv_command("train", "pong_ppo", *settings(*overrides)), timeout=900, cwd=REPO
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    summary = json.loads((run_dir / "kung_fu" / "summary.json").read_text())
+    assert summary["env_steps"] >= 49_000 and summary["episodes"] >= 20, summary
+    assert 1.5 * max(RANDOM_KUNG_FU) < LEARNED_KUNG_FU < min(TRAINED_KUNG_FU)
+    assert summary["episode_return_mean"] > LEARNED_KUNG_FU, summary
