@@ -149,15 +149,22 @@ def test_mpiexec_three_ranks_cartpole_reaches_threshold_and_reconciles(run_dir):
 
 
 @pytest.mark.slow
-def test_mpiexec_impala_cartpole_reaches_threshold_with_bounded_policy_lag(run_dir):
-    """IMPALA under `mpiexec -n 3`: env ranks run ahead (lag > 0 occurs) but never past the bound;
-    mean return >= 450 within 500k env steps."""
-    max_lag = 2
+@pytest.mark.parametrize("ranks", [1, 3], ids=["one-process", "mpiexec-3"])
+def test_impala_cartpole_as_shipped_ends_solved_with_bounded_policy_lag(run_dir, ranks):
+    """`experiments/cartpole_impala.yaml` as shipped, in one process and under `mpiexec -n 3`:
+    env ranks run ahead
+    (lag > 0 occurs) but never past the file's bound, and the run ends solved: the mean of its
+    last 100 episodes (the file's return window) is >= 475, whether it stopped there or at the
+    500k-step budget. A random policy scores ~22. Measured: seeds 0 and 1 stop solved at 133k
+    and 197k steps under mpiexec; in one process seeds 0-8 end solved and seed 9 does not
+    (~180: docs/impala.md). Before the file's fix (standardized advantages, lag 2) the shipped
+    run ended at 370 on seed 0 in one process (solved under mpiexec), and at 333 on another
+    seed, which a test stopping at the first 450 did not see."""
+    config = load_config(EXPERIMENTS / "cartpole_impala.yaml")
+    launcher = [mpiexec_path(), "-n", str(ranks)] if ranks > 1 else []
     proc = run_command(
         [
-            mpiexec_path(),
-            "-n",
-            "3",
+            *launcher,
             *agentenv_command(
                 "train",
                 str(EXPERIMENTS / "cartpole_impala.yaml"),
@@ -165,10 +172,6 @@ def test_mpiexec_impala_cartpole_reaches_threshold_with_bounded_policy_lag(run_d
                 f"run.run_dir={run_dir}",
                 "--set",
                 "run.name=impala",
-                "--set",
-                "run.stop_at_return=450",
-                "--set",
-                f"algorithm.max_policy_lag={max_lag}",
             ),
         ],
         timeout=600,
@@ -176,10 +179,14 @@ def test_mpiexec_impala_cartpole_reaches_threshold_with_bounded_policy_lag(run_d
     )
     assert proc.returncode == 0, proc.stderr[-4000:]
     summary = json.loads((run_dir / "impala" / "summary.json").read_text())
-    assert summary["episode_return_mean"] >= 450
-    assert summary["env_steps"] <= 500_000
-    assert summary["accounting"]["reconciles"]
     records = read_metrics(run_dir / "impala" / "metrics.jsonl")
+    assert config.run.return_window == 100 and config.run.seed == 0
+    assert summary["episode_return_mean"] == records[-1]["episode_return_mean"] >= 475
+    # At the budget, the last round may take the steps a little past it.
+    one_round = config.env.global_num_envs * config.algorithm.rollout_length
+    assert summary["env_steps"] < config.run.total_env_steps + one_round
+    assert summary["accounting"]["reconciles"]
+    max_lag = config.algorithm.max_policy_lag
     assert max(r["policy_lag_max"] for r in records) <= max_lag
     lag_counts = np.sum(
         [
