@@ -159,8 +159,9 @@ def test_impala_with_two_learners_reaches_its_threshold_with_bounded_lag(run_dir
     within its bound on every learner's env ranks, the whole run's accounting reconciles.
 
     Two learners on CPU are slower than their env ranks, so every segment arrives at the lag
-    bound; at the shipped bound of 2, 1 of 16 seeds ended at 222 after 500k steps and another
-    needed 456k, while at a bound of 1 all 20 seeds reached 450 within 222k."""
+    bound; at a bound of 2 (with standardized advantages, as shipped then), 1 of 16 seeds ended
+    at 222 after 500k steps and another needed 456k, while at a bound of 1 all 20 seeds reached
+    450 within 222k."""
     max_lag = 1
     proc = _train(
         run_dir,
