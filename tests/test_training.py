@@ -3,24 +3,19 @@
 from __future__ import annotations
 
 import json
-import math
 import re
 
-import gymnasium as gym
 import numpy as np
 import pytest
 import yaml
 
 from agentenv_jax.buffers.segment_queue import on_policy_segment_spec
 from agentenv_jax.config import load_config
-from agentenv_jax.envs.multi_agent.registry import is_multi_agent, make_multi_agent_env
-from agentenv_jax.envs.text.registry import is_text_env, make_text_vector_env
 from agentenv_jax.metrics.logger import read_metrics
 from agentenv_jax.runtime.launch import train
 from agentenv_jax.runtime.policies import build_actor_policy
 from agentenv_jax.runtime.roles import plan_for, prepare_env_rank
 from agentenv_jax.transport.topology import make_topology
-from agentenv_jax.workflow.evaluation import evaluate
 
 from conftest import EXPERIMENTS, REPO, agentenv_command, mpi_launch, mpiexec_path, run_command
 
@@ -311,56 +306,6 @@ def test_native_vectorization_pads_auto_reset_rows_and_still_reconciles(run_dir)
     episodes = json.loads((result.run_dir / "summary.json").read_text())["episodes"]
     assert episodes >= rows / 21  # episodes of at most 20 steps
     assert rows - episodes <= result.env_steps <= rows - episodes + 8
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("path", sorted(EXPERIMENTS.glob("*.yaml")), ids=lambda p: p.name)
-def test_every_experiment_runs_with_a_tiny_budget(path, run_dir):
-    overrides = [f"run.run_dir={run_dir}", "run.name=smoke", "run.progress=false"]
-    if load_config(path).algorithm.name == "sac":
-        overrides += [
-            "algorithm.learning_starts=64",
-            "run.total_env_steps=80",
-            "algorithm.log_interval=1",
-        ]
-    else:
-        overrides += ["run.total_env_steps=1"]
-    if load_config(path).env.preset == "atari":
-        # The evaluation's games end at 100 agent steps (an untrained policy rarely loses five
-        # lives of Breakout sooner, and may play until the 108 K-frame limit).
-        overrides += ["env.max_episode_steps=100"]
-    if load_config(path).network.language_model.pretrained is not None:
-        # A pretrained model (135 M parameters) trains on one group of answers (two at least):
-        # loading, compiling and stepping it is the check, not the size of its batch.
-        overrides += [
-            f"env.global_num_envs={max(2, load_config(path).algorithm.group_size)}",
-            "algorithm.rollout_length=1",
-            "algorithm.num_minibatches=1",
-        ]
-    config = load_config(path, overrides)
-    result = train(config)
-    assert result.updates >= 1
-    assert_reconciles(result.accounting, synchronous=config.algorithm.name == "ppo")
-    record = read_metrics(result.run_dir / "metrics.jsonl")[0]
-    losses = [v for k, v in record.items() if k.startswith("loss/")]
-    assert losses and all(math.isfinite(v) for v in losses)
-    # Its final checkpoint plays: the episodes end where the env's time limit says, at most.
-    evaluation = evaluate(result.run_dir, episodes=2)
-    assert evaluation.checkpoint == result.updates and len(evaluation.returns) == 2
-    if is_multi_agent(config.env.id):  # lengths in env steps, up to the env's horizon
-        env = make_multi_agent_env(config.env.id, 1, config.env.kwargs, None)
-        limit = env.max_episode_steps
-        env.close()
-    elif is_text_env(config.env.id):  # lengths in messages, up to the task's turns
-        limit = make_text_vector_env(config.env.id, 1, config.env.kwargs).max_turns
-    elif config.env.preset == "atari":  # whole games, cut at the frame limit
-        limit = config.env.max_episode_steps
-    else:
-        limit = gym.spec(config.env.id).max_episode_steps or math.inf  # Catch: when a ball lands
-    assert all(1 <= n <= limit for n in evaluation.lengths)
-    assert all(math.isfinite(r) for r in evaluation.returns)
-    if config.env.id == "CartPole-v1":  # one update: far from holding the pole up
-        assert evaluation.mean < 200
 
 
 @pytest.mark.slow
