@@ -9,9 +9,11 @@ tokens are transformers'."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import stat
+from collections.abc import Iterator
 from pathlib import Path
 
 import jax
@@ -147,6 +149,16 @@ def _modes(folder: Path) -> dict[str, int]:
     return {str(p.relative_to(folder)): stat.S_IMODE(p.stat().st_mode) for p in paths}
 
 
+@contextlib.contextmanager
+def _umask(mask: int) -> Iterator[None]:
+    """The process's umask set to `mask` for the block, then restored."""
+    previous = os.umask(mask)
+    try:
+        yield
+    finally:
+        os.umask(previous)
+
+
 def _check_layout(out: Path, files: int, folders: int) -> None:
     """A Hugging Face model folder at the top level, the value head in `critic/`, and every file
     and folder with the permission bits `files` and `folders`."""
@@ -161,13 +173,10 @@ def _check_layout(out: Path, files: int, folders: int) -> None:
 def test_an_exported_run_is_a_transformers_model(source, trained, run_dir, tmp_path):
     # Rates must be positive; at 1e-30 Adam moves no float32 weight of this size at all.
     still = _train(run_dir, "still", source, 1e-30)
-    umask = os.umask(0o022)  # the usual one: files 0644, folders 0755
-    try:
+    with _umask(0o022):  # the usual one: files 0644, folders 0755
         proc = run_command(
             agentenv_command("export", still, str(tmp_path / "still")), timeout=120, cwd=REPO
         )
-    finally:
-        os.umask(umask)
     assert proc.returncode == 0, proc.stderr[-3000:]
     exported = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "still").eval()
     original = transformers.AutoModelForCausalLM.from_pretrained(source).eval()
@@ -183,11 +192,8 @@ def test_an_exported_run_is_a_transformers_model(source, trained, run_dir, tmp_p
     value = safe_open(tmp_path / "still" / VALUE_HEAD_FILE, "np")
     assert sorted(value.keys()) == ["value_head.bias", "value_head.kernel"]
 
-    umask = os.umask(0o022)
-    try:
+    with _umask(0o022):
         out = export_run(trained, tmp_path / "trained")
-    finally:
-        os.umask(umask)
     _check_layout(out, files=0o644, folders=0o755)
     critic = safe_open(out / VALUE_HEAD_FILE, "np")
     assert "critic.model.layers.0.self_attn.q_proj.weight" in critic.keys()
@@ -214,11 +220,8 @@ def test_an_exported_run_is_a_transformers_model(source, trained, run_dir, tmp_p
     np.testing.assert_array_equal(np.asarray(ours.tokens), theirs)
 
     # Under a stricter umask the export is as private as any other file written then.
-    umask = os.umask(0o027)
-    try:
+    with _umask(0o027):
         private = export_run(trained, tmp_path / "private")
-    finally:
-        os.umask(umask)
     _check_layout(private, files=0o640, folders=0o750)
 
 
