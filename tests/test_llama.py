@@ -8,6 +8,7 @@ from __future__ import annotations
 import hashlib
 import json
 import shutil
+from pathlib import Path
 
 import jax
 import numpy as np
@@ -241,11 +242,7 @@ def test_damaged_weight_files_are_named_with_what_is_wrong(tmp_path):
     (tmp_path / "pointer" / "model.safetensors").write_text(lfs_pointer(weights))
     with pytest.raises(ConfigError) as err:
         load_folder(tmp_path / "pointer")
-    assert str(err.value) == (
-        f"{tmp_path}/pointer/model.safetensors: a git-LFS pointer to {size:,} bytes of weights, "
-        "not the weights themselves: run `git lfs pull` in the model's git checkout (or "
-        "download the file itself)"
-    )
+    assert str(err.value) == _lfs_pointer_message(tmp_path / "pointer" / "model.safetensors", size)
 
     model.save_pretrained(tmp_path / "sharded", max_shard_size="40KB")
     shards = sorted((tmp_path / "sharded").glob("model-*.safetensors"))
@@ -258,6 +255,14 @@ def test_damaged_weight_files_are_named_with_what_is_wrong(tmp_path):
     assert str(err.value) == (
         f"{tmp_path}/sharded/model.safetensors.index.json names shard {shards[1].name!r} (for "
         f"{held[0]!r}{more}), which is missing from {tmp_path}/sharded: download it there"
+    )
+
+
+def _lfs_pointer_message(path: Path, size: int) -> str:
+    """The one-line refusal of a git-LFS pointer at `path` to `size` bytes of weights."""
+    return (
+        f"{path}: a git-LFS pointer to {size:,} bytes of weights, not the weights themselves: "
+        "run `git lfs pull` in the model's git checkout (or download the file itself)"
     )
 
 
@@ -275,11 +280,7 @@ def test_a_damaged_gguf_file_is_named_with_what_is_wrong(tmp_path):
     (tmp_path / "pointer.gguf").write_text(lfs_pointer(tmp_path / "cut.gguf"))
     with pytest.raises(ConfigError) as err:
         read_gguf_spec(tmp_path / "pointer.gguf")
-    assert str(err.value) == (
-        f"{tmp_path}/pointer.gguf: a git-LFS pointer to 3,000,000 bytes of weights, not the "
-        "weights themselves: run `git lfs pull` in the model's git checkout (or download the "
-        "file itself)"
-    )
+    assert str(err.value) == _lfs_pointer_message(tmp_path / "pointer.gguf", 3_000_000)
 
 
 CHATS = [
