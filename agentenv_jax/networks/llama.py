@@ -90,10 +90,11 @@ def _positive_number(value: Any, field: str, where: str) -> float:
     return float(value)
 
 
-def _head_sizes(config: Mapping[str, Any], where: str) -> tuple[int, int, int]:
-    """`(num_heads, num_kv_heads, head_dim)` of `config`, checked against each other and
-    `hidden_size`: key/value heads divide the query heads (each is shared by an equal group of
-    them), and a head's size is even (the rotary embedding turns pairs of its dimensions)."""
+def _head_sizes(config: Mapping[str, Any], where: str) -> tuple[int, int, int, int]:
+    """`(hidden_size, num_heads, num_kv_heads, head_dim)` of `config`, each a positive integer,
+    checked against each other: key/value heads divide the query heads (each is shared by an
+    equal group of them), a head's size comes from `head_dim` or divides `hidden_size`, and it
+    is even (the rotary embedding turns pairs of its dimensions)."""
     hidden = _positive_int(config.get("hidden_size"), "hidden_size", where)
     heads = _positive_int(config.get("num_attention_heads"), "num_attention_heads", where)
     kv_heads = _positive_int(
@@ -123,7 +124,7 @@ def _head_sizes(config: Mapping[str, Any], where: str) -> tuple[int, int, int]:
             f"{where}: {field} is odd; the rotary embedding turns pairs of a head's dimensions: "
             "allowed: an even head size"
         )
-    return heads, kv_heads, head_dim
+    return hidden, heads, kv_heads, head_dim
 
 
 def _rope_settings(config: Mapping[str, Any], where: str) -> tuple[float, RopeScaling | None]:
@@ -187,13 +188,13 @@ def spec_from_config(config: Mapping[str, Any], where: str = "config.json") -> L
     activation = config.get("hidden_act", "silu")
     if activation != "silu":
         raise ConfigError(f"{where}: hidden_act {activation!r} is not supported; supported: silu")
-    heads, kv_heads, head_dim = _head_sizes(config, where)
+    hidden, heads, kv_heads, head_dim = _head_sizes(config, where)
     theta, scaling = _rope_settings(config, where)
     attention_bias = bool(config.get("attention_bias", False))
     return LlamaSpec(
         model_type=model_type,
         vocab_size=_positive_int(config.get("vocab_size"), "vocab_size", where),
-        hidden_size=int(config["hidden_size"]),  # checked by `_head_sizes`
+        hidden_size=hidden,
         intermediate_size=_positive_int(
             config.get("intermediate_size"), "intermediate_size", where
         ),
