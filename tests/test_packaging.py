@@ -137,6 +137,8 @@ _USED_SUBMODULES = [
     "minatar.gym",
     "moviepy.video.io.ImageSequenceClip",  # Gymnasium's RecordVideo
     "mpe2.simple_spread_v3",
+    "pyarrow.ipc",
+    "pyarrow.parquet",
     "reasoning_gym.factory",
     "rliable.library",
     "safetensors.numpy",

@@ -26,8 +26,7 @@ from agentenv_jax.envs.text import (
     make_text_vector_env,
     verification,
 )
-from agentenv_jax.envs.text.reasoning_gym_tasks import question_split
-from agentenv_jax.envs.text.tasks import answer_text, extract_answer
+from agentenv_jax.envs.text.tasks import answer_text, extract_answer, question_split
 
 TOK = BYTE_TOKENIZER
 PAD, BOS, EOS = 256, 257, 258

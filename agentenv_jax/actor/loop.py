@@ -248,6 +248,10 @@ class Actor:
         fields["policy_version"][...] = self._version
         if self._text:
             fields["episode_success"][...] = np.nan
+        reward_terms = "reward_terms" in fields
+        if reward_terms:
+            fields["reward_terms"][...] = np.nan
+            fields["reward_failed"][...] = 0
         scaled_from = 0  # rows before it have their (scaled) reward written
         for t in range(self._rollout_length):
             if t > 0 and self._max_policy_lag > 0:
@@ -291,6 +295,9 @@ class Actor:
             truncated = np.asarray(truncated, dtype=bool)
             if self._text:
                 fields["response_tokens"][t] = info["response_tokens"]
+                if reward_terms:
+                    fields["reward_terms"][t] = info["reward_terms"]
+                    fields["reward_failed"][t] = info["reward_failed"]
                 ended = terminated | truncated
                 if ended.any():
                     fields["episode_success"][t] = np.where(ended, info["success"], np.nan)

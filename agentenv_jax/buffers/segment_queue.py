@@ -41,7 +41,9 @@ def on_policy_segment_spec(
     Text envs (`spaces.text`): a transition is one message, `obs [T, E, L]` and
     `action [T, E, M]` int32 token ids, `log_prob`/`value` per generated token `[T, E, M]`, and
     two more fields: `response_tokens [T, E]` (tokens generated, EOS included) and
-    `episode_success [T, E]` (1/0 where an episode ended, NaN elsewhere).
+    `episode_success [T, E]` (1/0 where an episode ended, NaN elsewhere); a task whose reward
+    sums K named reward functions (`TextSpec.reward_names`) adds `reward_terms [T, E, K]`
+    (each function's value, NaN where it gave none) and `reward_failed [T, E, K]`.
     """
     t, e = rollout_length, local_num_envs
     obs_dtype = np.dtype(spaces.obs_dtype)
@@ -53,6 +55,12 @@ def on_policy_segment_spec(
             FieldSpec("response_tokens", (t, e), np.int32),
             FieldSpec("episode_success", (t, e), np.float32),
         ]
+        if spaces.text.reward_names:
+            k = len(spaces.text.reward_names)
+            text_fields += [
+                FieldSpec("reward_terms", (t, e, k), np.float32),
+                FieldSpec("reward_failed", (t, e, k), np.uint8),
+            ]
     obs_fields = [FieldSpec("obs", (t, e, *spaces.obs_shape), obs_dtype)]
     if spaces.stacked_frames > 1:
         obs_fields = frame_fields(t, e, spaces.obs_shape, obs_dtype)

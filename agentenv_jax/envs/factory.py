@@ -86,9 +86,11 @@ def _resolve_unwrapped(config: EnvConfig) -> Callable[[], gym.Env]:
         def make_from_entry_point() -> gym.Env:
             env = factory(**kwargs)
             if not isinstance(env, gym.Env):
+                missing = [m for m in ("reset", "reply") if not callable(getattr(env, m, None))]
                 raise EnvError(
                     f"env.id = {env_id!r}: the factory returned {type(env).__name__}, "
-                    "expected a gymnasium.Env"
+                    "expected a gymnasium.Env, or a text task class with reset(rng) and "
+                    f"reply(message) (docs/own_tasks.md; missing: {', '.join(missing) or 'none'})"
                 )
             if max_steps is not None:
                 env = gym.wrappers.TimeLimit(env, max_steps)

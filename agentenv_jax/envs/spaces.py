@@ -58,6 +58,9 @@ class TextSpec:
     pad_id: int
     bos_id: int
     eos_id: int
+    # The reward functions a task's reward sums (`TextTask.reward_names`), whose values travel
+    # per transition as `reward_terms` and are logged per update as `reward/<name>`.
+    reward_names: tuple[str, ...] = ()
 
 
 @dataclasses.dataclass(frozen=True)

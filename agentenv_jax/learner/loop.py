@@ -92,8 +92,9 @@ SUMMARY_FIELDS = (
 )
 
 
-# Text envs' segments add these to the summary: tokens generated and episode outcomes.
-TEXT_SUMMARY_FIELDS = ("response_tokens", "episode_success")
+# Text envs' segments add these to the summary: tokens generated, episode outcomes, and the
+# values of named reward functions (tasks that have them).
+TEXT_SUMMARY_FIELDS = ("response_tokens", "episode_success", "reward_terms", "reward_failed")
 
 
 def summary_spec(segment_spec: MessageSpec) -> MessageSpec:
@@ -270,7 +271,11 @@ class Learner:
         self._start_time = time.perf_counter()
         self.last_record: dict[str, Any] = {}
         self.steady_rate = SteadyRate()  # steps/s once the first update has compiled
-        self.text = TextCounters(config.run.return_window) if spaces.text is not None else None
+        self.text = (
+            TextCounters(config.run.return_window, spaces.text.reward_names)
+            if spaces.text is not None
+            else None
+        )
         # Central inference (`topology.inference: learner`): this learner acts for its env
         # ranks on one of its own devices.
         self.inference_device = self.mesh.local_mesh.devices.flat[0]

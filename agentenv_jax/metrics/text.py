@@ -20,7 +20,13 @@ class TextCounters:
     hold; the learner what arrives (`receive`), what the update trained on, and what came late.
     """
 
-    def __init__(self, window: int):
+    def __init__(self, window: int, reward_names: Sequence[str] = ()):
+        self.reward_names = tuple(reward_names)
+        # Per reward function, since the last record: the sum and count of its values, and
+        # its failures.
+        k = len(self.reward_names)
+        self._term_sums, self._term_counts = np.zeros(k), np.zeros(k, np.int64)
+        self._term_failures = np.zeros(k, np.int64)
         self._successes: collections.deque[float] = collections.deque(maxlen=window)
         self.received_tokens = 0  # this session's, counted as segments arrive
         self.received_episodes = 0
@@ -43,6 +49,12 @@ class TextCounters:
         self.received_episodes += int(np.count_nonzero(np.isfinite(summary["episode_return"])))
         success = summary["episode_success"]
         self._successes.extend(success[np.isfinite(success)].tolist())
+        if self.reward_names:
+            terms = summary["reward_terms"][valid]  # [n, K]
+            given = np.isfinite(terms)
+            self._term_sums += np.where(given, terms, 0.0).sum(axis=0)
+            self._term_counts += given.sum(axis=0)
+            self._term_failures += summary["reward_failed"][valid].sum(axis=0).astype(np.int64)
 
     @property
     def accuracy(self) -> float:
@@ -52,7 +64,13 @@ class TextCounters:
     def record(self, start_time: float) -> dict[str, Any]:
         """Fields of a metrics record: accuracy and token throughput since `start_time`."""
         elapsed = max(time.perf_counter() - start_time, 1e-9)
-        return {
+        terms: dict[str, Any] = {}
+        for j, name in enumerate(self.reward_names):
+            count = int(self._term_counts[j])
+            terms[f"reward/{name}/mean"] = self._term_sums[j] / count if count else float("nan")
+            terms[f"reward/{name}/failures"] = int(self._term_failures[j])
+        self._term_sums[:], self._term_counts[:], self._term_failures[:] = 0.0, 0, 0
+        return terms | {
             "accuracy": self.accuracy,
             "tokens_generated": self._before_tokens.received + self.received_tokens,
             "tokens_trained": self._before_tokens.trained + self.trained_tokens,

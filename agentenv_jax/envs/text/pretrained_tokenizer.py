@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 
 from agentenv_jax.envs.spaces import EnvError, TextSpec
+from agentenv_jax.envs.text.tasks import Prompt, prompt_messages
 
 Message = Mapping[str, Any]
 
@@ -216,10 +217,11 @@ class PretrainedTokenizer:
         tokenize=True)`'s), with the JSON schemas of `tools` if the template shows them."""
         return self.encode(self._require_chat().render(messages, add_generation_prompt, tools))
 
-    def dialogue_start(self, prompt: str) -> np.ndarray:
-        """The first context of a dialogue: the prompt as a user turn and the assistant's
-        header (the template's own system turn, if it adds one)."""
-        return self.encode_chat([{"role": "user", "content": prompt}], True)
+    def dialogue_start(self, prompt: Prompt) -> np.ndarray:
+        """The first context of a dialogue: the prompt as a user turn (or its chat messages,
+        a system turn among them) and the assistant's header (the template's own system turn,
+        if it adds one)."""
+        return self.encode_chat(prompt_messages(prompt), True)
 
     def after_message(
         self, messages: Sequence[Message], reply: str, role: str = "user"

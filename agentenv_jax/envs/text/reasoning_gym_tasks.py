@@ -36,14 +36,20 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
-import hashlib
 from types import ModuleType
 from typing import Any
 
 import numpy as np
 
 from agentenv_jax.envs.spaces import EnvError
-from agentenv_jax.envs.text.tasks import TaskReply, answer_text, parse_number, require_int
+from agentenv_jax.envs.text.tasks import (
+    TASK_SPLITS,
+    TaskReply,
+    answer_text,
+    parse_number,
+    question_split,
+    require_int,
+)
 from agentenv_jax.envs.text.verification import numbers_match
 
 # Dataset name -> what it asks (and how long its answers run at the default difficulty).
@@ -68,7 +74,6 @@ _INDEX_RANGE = 2**31
 # templates each entry uses, 8 bytes an entry) are made with this many entries instead.
 _MATERIALIZED_RANGE = 2**20
 _MATERIALIZING = ("gsm_symbolic", "list_functions", "acre")
-TASK_SPLITS = ("train", "test")
 _ANSWER_FORMATS = ("dataset", "last_number", "boxed")
 # Set by the adapter, not the user: the seed comes from the episode's rng.
 _RESERVED = ("seed", "size")
@@ -77,16 +82,6 @@ _ADAPTER_KWARGS = ["seed_offset", "split", "test_fraction", "answer_format", "in
 # fraction f, the chance that 1,000 draws miss a side holding a share s of the questions is
 # (1 - s)^1000, nil for any share a split is meant to have.
 _MAX_DRAWS = 1000
-
-
-def question_split(question: str, test_fraction: float) -> str:
-    """The split (`"train"` or `"test"`) that `question` belongs to: `"test"` where a hash of
-    its text (whitespace runs made one space, ends stripped) falls below `test_fraction` of
-    the hash range. A pure function of the text, so every copy of a question, whichever seed
-    or index generated it, lands on the same side."""
-    normalized = " ".join(question.split()).encode()
-    digest = hashlib.blake2b(normalized, digest_size=8).digest()
-    return "test" if int.from_bytes(digest, "big") < test_fraction * 2**64 else "train"
 
 
 def import_reasoning_gym() -> ModuleType:

@@ -4,7 +4,11 @@
 * `agentenv_jax/GuessNumber-v0`: `tasks.GuessNumberTask` (multi-turn);
 * `agentenv_jax/ToolArithmetic-v0`: `tool_tasks.ToolArithmeticTask` (multi-turn, with tools);
 * `reasoning_gym/<dataset>`: `reasoning_gym_tasks.ReasoningGymTask` over any reasoning-gym
-  dataset (`pip install 'agentenv_jax[text]'`), e.g. `reasoning_gym/basic_arithmetic`.
+  dataset (`pip install 'agentenv_jax[text]'`), e.g. `reasoning_gym/basic_arithmetic`;
+* `agentenv_jax/Dataset-v0`: `dataset_tasks.DatasetTask`, the rows of a user's dataset file
+  scored by reward functions;
+* `package.module:TaskClass`: a user's own task, any class that follows the `TextTask`
+  protocol (`reset(rng)` and `reply(message)`), made with `env.kwargs` as its kwargs.
 
 `env.kwargs` holds `context_length`, `response_length` and `group_size`, which go to
 `TextVectorEnv`, and the task's own kwargs (the rest).
@@ -16,11 +20,15 @@ import copy
 import dataclasses
 import difflib
 import functools
+import importlib
 import inspect
 from collections.abc import Callable
 from typing import Any
 
+import gymnasium as gym
+
 from agentenv_jax.envs.spaces import EnvError
+from agentenv_jax.envs.text.dataset_tasks import DatasetTask
 from agentenv_jax.envs.text.reasoning_gym_tasks import ReasoningGymTask, reasoning_gym_kwargs
 from agentenv_jax.envs.text.tasks import ArithmeticTask, GuessNumberTask, TextTask
 from agentenv_jax.envs.text.tokenizer import BYTE_TOKENIZER, Tokenizer
@@ -45,14 +53,46 @@ TEXT_ENV_IDS: dict[str, TextEnvEntry] = {
     "agentenv_jax/Arithmetic-v0": TextEnvEntry(ArithmeticTask, 16, 4),
     "agentenv_jax/GuessNumber-v0": TextEnvEntry(GuessNumberTask, 64, 4),
     "agentenv_jax/ToolArithmetic-v0": TextEnvEntry(ToolArithmeticTask, 512, 96),
+    "agentenv_jax/Dataset-v0": TextEnvEntry(DatasetTask, 512, 128),
     f"{REASONING_GYM_PREFIX}<dataset>": TextEnvEntry(ReasoningGymTask, 512, 16),
 }
 _BUILT_IN = [env_id for env_id in TEXT_ENV_IDS if not env_id.startswith(REASONING_GYM_PREFIX)]
 
 
+# A user's task (`package.module:TaskClass`) gets these lengths unless env.kwargs sets them.
+USER_TASK_LENGTHS = (512, 128)
+
+
+def user_task_class(env_id: str) -> type | None:
+    """The class `env_id` names when it is `package.module:Class` with `reset` and `reply`
+    methods (a `TextTask`), else None (a Gymnasium env factory, or not an import path). The
+    module is imported: an import that fails is an `EnvError`."""
+    if ":" not in env_id or env_id.startswith(REASONING_GYM_PREFIX):
+        return None
+    module_name, _, attr = env_id.partition(":")
+    try:
+        module = importlib.import_module(module_name)
+    except Exception as err:
+        raise EnvError(
+            f"env.id = {env_id!r}: cannot import module {module_name!r} "
+            f"({type(err).__name__}: {err})"
+        ) from None
+    target = getattr(module, attr, None)
+    if not isinstance(target, type) or issubclass(target, gym.Env):
+        return None
+    if callable(getattr(target, "reply", None)) and callable(getattr(target, "reset", None)):
+        return target
+    return None
+
+
 def is_text_env(env_id: str) -> bool:
-    """Whether `env_id` names a text env (a built-in one or `reasoning_gym/<dataset>`)."""
-    return env_id in _BUILT_IN or env_id.startswith(REASONING_GYM_PREFIX)
+    """Whether `env_id` names a text env: a built-in one, `reasoning_gym/<dataset>`, or a
+    user's task class (`package.module:Class`, imported to tell)."""
+    return (
+        env_id in _BUILT_IN
+        or env_id.startswith(REASONING_GYM_PREFIX)
+        or user_task_class(env_id) is not None
+    )
 
 
 def close_text_env_id(env_id: str) -> str | None:
@@ -76,6 +116,14 @@ def make_text_vector_env(
         entry = TEXT_ENV_IDS[env_id]
         make_task = entry.task
         task_kwargs = list(inspect.signature(entry.task).parameters)
+    elif (task_class := user_task_class(env_id)) is not None:
+        entry = TextEnvEntry(task_class, *USER_TASK_LENGTHS)
+        make_task = task_class
+        parameters = inspect.signature(task_class).parameters.values()
+        if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters):
+            task_kwargs = [name for name in kwargs if name not in ENV_KWARGS]
+        else:
+            task_kwargs = [p.name for p in parameters]
     else:
         close = close_text_env_id(env_id)
         hint = f" (did you mean {close!r}?)" if close else ""
@@ -91,7 +139,22 @@ def make_text_vector_env(
                 f"env.kwargs.{name} is not a kwarg of env.id = {env_id!r}{hint}; allowed: "
                 f"{', '.join(allowed)}"
             )
-    task = make_task(**{k: v for k, v in kwargs.items() if k not in ENV_KWARGS})
+    try:
+        task = make_task(**{k: v for k, v in kwargs.items() if k not in ENV_KWARGS})
+    except EnvError:
+        raise
+    except Exception as err:
+        if env_id in TEXT_ENV_IDS or env_id.startswith(REASONING_GYM_PREFIX):
+            raise
+        raise EnvError(
+            f"env.id = {env_id!r}: making the task with env.kwargs failed: "
+            f"{type(err).__name__}: {err}"
+        ) from err
+    if not isinstance(getattr(task, "max_turns", None), int) or task.max_turns < 1:
+        raise EnvError(
+            f"env.id = {env_id!r}: the task's max_turns is {getattr(task, 'max_turns', None)!r}; "
+            "a text task sets max_turns, an int >= 1 (agent messages per episode)"
+        )
     return TextVectorEnv(
         # Copies of one task validated once: a reasoning-gym dataset is built (and its data
         # files read) once and shared read-only; each copy keeps its own episode.

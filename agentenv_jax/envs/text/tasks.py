@@ -7,9 +7,10 @@ counts the turns and enforces `max_turns`. Tasks have no dependencies beyond num
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import operator
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Protocol
 
 import numpy as np
@@ -35,20 +36,75 @@ class TaskReply:
     done: bool  # the episode is over (solved, or a single-turn task answered)
     success: bool  # the episode's goal was met; read where done or truncated
     role: str = "user"  # the chat role the answer is rendered as: user, or tool (a tool's result)
+    # Each reward function's value (NaN: none, or it failed) and whether it failed, for tasks
+    # whose reward is a weighted sum of named functions (`TextTask.reward_names`).
+    terms: tuple[float, ...] = ()
+    failed: tuple[bool, ...] = ()
+
+
+# A prompt: its text (rendered as one user turn), or chat messages ({"role", "content"} each,
+# e.g. a system turn and a user turn) as a dataset's conversational rows hold them.
+Prompt = str | list[dict[str, str]]
 
 
 class TextTask(Protocol):
-    """One dialogue episode at a time: a prompt, then a reply to each agent message."""
+    """One dialogue episode at a time: a prompt, then a reply to each agent message.
+
+    This is the interface a user's own task implements (`env.id: package.module:MyTask`,
+    docs/own_tasks.md). Optionally, a task class may also define
+
+    * `reward_names: tuple[str, ...]`: the names of the reward functions its rewards sum, whose
+      values its replies carry in `TaskReply.terms` (logged per update as `reward/<name>`);
+    * `reply_batch(tasks, messages, message_ids) -> list[TaskReply]`, a static method that
+      answers the messages of several envs' copies of the task at once (`reply_all`), so a
+      reward function scores a batch in one call.
+    """
 
     max_turns: int  # agent messages per episode; at the limit the env truncates the episode
 
-    def reset(self, rng: np.random.Generator) -> str:
-        """Start a new episode drawn from `rng`; its prompt text."""
+    def reset(self, rng: np.random.Generator) -> Prompt:
+        """Start a new episode drawn from `rng`; its prompt."""
         ...
 
     def reply(self, message: str) -> TaskReply:
         """The task's reply to the agent's message (decoded text)."""
         ...
+
+
+def reply_all(
+    tasks: Sequence[TextTask], messages: Sequence[str], message_ids: Sequence[np.ndarray]
+) -> list[TaskReply]:
+    """Each task's reply to its message: one `reply_batch` call where the tasks' class has one
+    (the envs of a vector env are copies of one task), else `reply` task by task."""
+    reply_batch = getattr(type(tasks[0]), "reply_batch", None) if tasks else None
+    if reply_batch is not None:
+        return list(reply_batch(tasks, messages, message_ids))
+    return [task.reply(message) for task, message in zip(tasks, messages, strict=True)]
+
+
+def prompt_text(prompt: Prompt) -> str:
+    """A prompt as plain text: its text, or its messages' contents one after another."""
+    if isinstance(prompt, str):
+        return prompt
+    return "\n\n".join(str(message.get("content", "")) for message in prompt)
+
+
+def prompt_messages(prompt: Prompt) -> list[dict[str, str]]:
+    """A prompt as chat messages: its messages, or its text as one user turn."""
+    return [{"role": "user", "content": prompt}] if isinstance(prompt, str) else list(prompt)
+
+
+TASK_SPLITS = ("train", "test")
+
+
+def question_split(question: str, test_fraction: float) -> str:
+    """The split (`"train"` or `"test"`) that `question` belongs to: `"test"` where a hash of
+    its text (whitespace runs made one space, ends stripped) falls below `test_fraction` of
+    the hash range. A pure function of the text, so every copy of a question, whichever seed
+    or index generated it, lands on the same side."""
+    normalized = " ".join(question.split()).encode()
+    digest = hashlib.blake2b(normalized, digest_size=8).digest()
+    return "test" if int.from_bytes(digest, "big") < test_fraction * 2**64 else "train"
 
 
 def require_int(field: str, value: object, minimum: int, maximum: int | None = None) -> int:

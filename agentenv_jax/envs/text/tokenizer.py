@@ -7,6 +7,7 @@ from typing import Protocol
 import numpy as np
 
 from agentenv_jax.envs.spaces import EnvError, TextSpec
+from agentenv_jax.envs.text.tasks import Prompt, prompt_text
 
 
 class Tokenizer(Protocol):
@@ -30,8 +31,9 @@ class Tokenizer(Protocol):
         `[response_length]` under this tokenizer."""
         ...
 
-    def dialogue_start(self, prompt: str) -> np.ndarray:
-        """The ids of a dialogue's first context, before the policy's first message."""
+    def dialogue_start(self, prompt: Prompt) -> np.ndarray:
+        """The ids of a dialogue's first context, before the policy's first message (`prompt`:
+        its text, or chat messages)."""
         ...
 
     def after_message(
@@ -91,9 +93,9 @@ class ByteTokenizer:
             eos_id=self.EOS,
         )
 
-    def dialogue_start(self, prompt: str) -> np.ndarray:
-        """BOS, then the prompt's bytes."""
-        return np.concatenate([[self.BOS], self.encode(prompt)]).astype(np.int32)
+    def dialogue_start(self, prompt: Prompt) -> np.ndarray:
+        """BOS, then the prompt's bytes (a chat prompt's contents one after another)."""
+        return np.concatenate([[self.BOS], self.encode(prompt_text(prompt))]).astype(np.int32)
 
     def after_message(
         self, messages: list[dict[str, str]], reply: str, role: str = "user"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import collections
+import dataclasses
 from collections.abc import Callable
 from typing import Any
 
@@ -10,7 +11,14 @@ import gymnasium as gym
 import numpy as np
 
 from agentenv_jax.envs.spaces import EnvError, TextSpec
-from agentenv_jax.envs.text.tasks import TextTask, require_int
+from agentenv_jax.envs.text.tasks import (
+    Prompt,
+    TextTask,
+    prompt_messages,
+    prompt_text,
+    reply_all,
+    require_int,
+)
 from agentenv_jax.envs.text.tokenizer import BYTE_TOKENIZER, Tokenizer
 
 FINISHED_TRANSCRIPTS = 64  # episodes `finished_transcripts` keeps, newest last
@@ -59,7 +67,13 @@ class TextVectorEnv(gym.vector.VectorEnv):
                 f"{num_envs} (each group of envs shares its prompts)"
             )
         self.tokenizer = tokenizer
-        self.text_spec: TextSpec = tokenizer.text_spec(self._context_length, self._response_length)
+        self._tasks = [make_task() for _ in range(self.num_envs)]
+        # Tasks whose reward sums named functions report each one's value per step.
+        self.reward_names: tuple[str, ...] = tuple(getattr(self._tasks[0], "reward_names", ()))
+        self.text_spec: TextSpec = dataclasses.replace(
+            tokenizer.text_spec(self._context_length, self._response_length),
+            reward_names=self.reward_names,
+        )
         vocab = tokenizer.vocab_size
         self.single_observation_space = gym.spaces.Box(
             0, vocab - 1, (self._context_length,), np.int32
@@ -71,12 +85,11 @@ class TextVectorEnv(gym.vector.VectorEnv):
             self.single_observation_space, self.num_envs
         )
         self.action_space = gym.vector.utils.batch_space(self.single_action_space, self.num_envs)
-        self._tasks = [make_task() for _ in range(self.num_envs)]
         self._rngs: list[np.random.Generator] | None = None  # None until the first reset
         # Env i's dialogue as token ids (all of it; the observation is its newest L), and as
         # text for people: the prompt and (message, reply or None) per turn.
         self._tokens: list[np.ndarray] = [np.zeros(0, np.int32)] * self.num_envs
-        self._prompts = [""] * self.num_envs
+        self._prompts: list[Prompt] = [""] * self.num_envs
         # Per env: (message, the env's answer or None, the answer's chat role) per turn.
         self._turns: list[list[tuple[str, str | None, str]]] = [[] for _ in range(self.num_envs)]
         self._returns = np.zeros(self.num_envs, np.float64)
@@ -117,7 +130,9 @@ class TextVectorEnv(gym.vector.VectorEnv):
         """One message per env, `actions` `int [E, M]`. Returns observations `int32 [E, L]`,
         rewards `float32 [E]`, terminated and truncated `bool [E]`, and info with
         `success` `bool [E]` (the ended episode met its goal; False where none ended) and
-        `response_tokens` `int32 [E]` (message tokens up to and including EOS, M without one);
+        `response_tokens` `int32 [E]` (message tokens up to and including EOS, M without one),
+        and for tasks with `reward_names` (K of them) `reward_terms` `float32 [E, K]` (each
+        reward function's value, NaN where it gave none) and `reward_failed` `bool [E, K]`;
         on steps where an episode ended also `final_obs` (object `[E]`, the ended episodes'
         last observations, None elsewhere), `final_info` and their `_` masks."""
         if self._rngs is None:
@@ -132,12 +147,18 @@ class TextVectorEnv(gym.vector.VectorEnv):
         final_obs = np.full(self.num_envs, None, dtype=object)
         returns = np.zeros(self.num_envs, np.float32)
         turns = np.zeros(self.num_envs, np.int32)
-        for i in range(self.num_envs):
-            at_eos = np.flatnonzero(actions[i] == eos)
-            if at_eos.size:
-                response_tokens[i] = at_eos[0] + 1
-            message = self.tokenizer.decode(actions[i])
-            reply = self._tasks[i].reply(message)
+        has_eos = (actions == eos).any(axis=1)
+        response_tokens[has_eos] = (actions[has_eos] == eos).argmax(axis=1) + 1
+        messages = [self.tokenizer.decode(actions[i]) for i in range(self.num_envs)]
+        replies = reply_all(
+            self._tasks, messages, [actions[i][: response_tokens[i]] for i in range(self.num_envs)]
+        )
+        k = len(self.reward_names)
+        reward_terms = np.full((self.num_envs, k), np.nan, np.float32)
+        reward_failed = np.zeros((self.num_envs, k), bool)
+        for i, (message, reply) in enumerate(zip(messages, replies, strict=True)):
+            if reply.terms:
+                reward_terms[i], reward_failed[i] = reply.terms, reply.failed
             rewards[i] = reply.reward
             self._returns[i] += reply.reward
             self._turns[i].append((message, reply.text, reply.role))
@@ -152,7 +173,7 @@ class TextVectorEnv(gym.vector.VectorEnv):
                 else np.zeros(0, np.int32)
             )
             self._tokens[i] = np.concatenate(
-                [self._tokens[i], generated, [] if at_eos.size else [eos], after]
+                [self._tokens[i], generated, [] if has_eos[i] else [eos], after]
             ).astype(np.int32)
             terminated[i] = reply.done
             truncated[i] = not reply.done and len(self._turns[i]) >= self._tasks[i].max_turns
@@ -165,6 +186,8 @@ class TextVectorEnv(gym.vector.VectorEnv):
                 )
                 self._start_episode(i)
         info: dict[str, Any] = {"success": success, "response_tokens": response_tokens}
+        if k:
+            info["reward_terms"], info["reward_failed"] = reward_terms, reward_failed
         ended = terminated | truncated
         if ended.any():
             # As Gymnasium's SAME_STEP vector envs: present only on steps where one ended.
@@ -183,7 +206,7 @@ class TextVectorEnv(gym.vector.VectorEnv):
     def transcript(self, i: int) -> str:
         """Env i's current episode so far for people: the prompt, then `agent: ...` and
         `env: ...` (or `tool: ...`) lines."""
-        lines = [self._prompts[i]]
+        lines = [prompt_text(self._prompts[i])]
         for message, reply, role in self._turns[i]:
             lines.append(f"agent: {message}")
             if reply is not None:
@@ -199,7 +222,7 @@ class TextVectorEnv(gym.vector.VectorEnv):
             raise EnvError(
                 f"env.kwargs.context_length = {self._context_length} is too short for the "
                 f"prompt: {tokens.size} tokens (BOS included) need a context_length of at least "
-                f"{tokens.size + 1} (the prompt begins {prompt[:40]!r})"
+                f"{tokens.size + 1} (the prompt begins {prompt_text(prompt)[:40]!r})"
             )
         self._tokens[i] = tokens.astype(np.int32)
         self._prompts[i] = prompt
@@ -208,7 +231,7 @@ class TextVectorEnv(gym.vector.VectorEnv):
 
     def _messages(self, i: int) -> list[dict[str, str]]:
         """Env i's dialogue so far as chat messages: the prompt, then each message and reply."""
-        messages = [{"role": "user", "content": self._prompts[i]}]
+        messages = prompt_messages(self._prompts[i])
         for message, reply, role in self._turns[i]:
             messages.append({"role": "assistant", "content": message})
             if reply is not None:
