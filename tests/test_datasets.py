@@ -133,7 +133,7 @@ def test_the_held_out_split_shares_no_prompt_text_with_training(tmp_path):
     assert sides["train"] and sides["test"]
     assert not sides["train"] & sides["test"]
     assert all(question_split(p, 0.25) == "test" for p in sides["test"])
-    counts = DatasetTask(str(path), test_fraction=0.25).distinct_prompts()
+    counts = DatasetTask(str(path), test_fraction=0.25).data.distinct_prompts()
     assert sum(counts.values()) == len(ROWS)  # distinct prompts, not rows
     assert counts["test"] == sum(question_split(r["prompt"], 0.25) == "test" for r in ROWS)
     assert 0.15 * len(ROWS) < counts["test"] < 0.35 * len(ROWS)
@@ -168,7 +168,7 @@ rng = np.random.default_rng(0)
 for _ in range(1000):
     task.reset(rng)
 grown = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - start
-print(len(task.rows), grown)
+print(len(task.data.rows), grown)
 """
     out = subprocess.run(
         [sys.executable, "-c", script], capture_output=True, text=True, timeout=600, check=True

@@ -69,15 +69,10 @@ def _prompt_key(prompt: Prompt) -> str:
     return prompt if isinstance(prompt, str) else json.dumps(prompt, sort_keys=True)
 
 
-class DatasetTask:
-    """One dataset row an episode: its prompt, then one message scored by the reward functions.
-
-    Rewards are the weighted sum of `rewards` (default: the built-in `accuracy`); `success` is
-    a reward of at least `success_reward`. See the module docstring for columns and splits, and
-    `rewards` for what each function is given and how failures are counted.
-    """
-
-    max_turns = 1
+class DatasetRows:
+    """A dataset's rows as episodes draw them: the file of the split, the prompt of each row
+    (the system prompt first), and the held-out split by distinct prompt. Shared by the tasks
+    that start an episode from a row (`DatasetTask`, the skyrl-gym adapter)."""
 
     def __init__(
         self,
@@ -86,12 +81,7 @@ class DatasetTask:
         split: str = "train",
         test_fraction: float = 0.1,
         prompt_column: str = "prompt",
-        answer_column: str | None = None,
         system_prompt: str = "",
-        rewards: Any = ("accuracy",),
-        reward_timeout_s: float = 30.0,
-        reward_on_error: float = 0.0,
-        success_reward: float = 1.0,
     ):
         if split not in TASK_SPLITS:
             raise EnvError(
@@ -117,15 +107,6 @@ class DatasetTask:
                     "env.kwargs.split = 'test' with env.kwargs.test_fraction = 0 holds nothing "
                     "out: set test_fraction, or test_path to a file of test rows"
                 )
-        self.reward_timeout_s = _number(
-            "env.kwargs.reward_timeout_s", reward_timeout_s, 0.0, 86400.0, open_low=True
-        )
-        self.reward_on_error = _number("env.kwargs.reward_on_error", reward_on_error, -1e9, 1e9)
-        self.success_reward = _number("env.kwargs.success_reward", success_reward, -1e9, 1e9)
-        self.rewards = load_reward_functions(
-            list(rewards) if isinstance(rewards, tuple) else rewards
-        )
-        self.reward_names = tuple(reward.name for reward in self.rewards)
         if split == "test" and test_path is not None:
             self.rows: RowSource = open_rows(
                 _path(test_path, "env.kwargs.test_path"), "env.kwargs.test_path"
@@ -134,35 +115,12 @@ class DatasetTask:
             self.rows = open_rows(_path(path, "env.kwargs.path"), "env.kwargs.path")
         self.prompt_column = prompt_column
         self.system_prompt = system_prompt
-        first = self.rows[0]
-        if not has_column(first, prompt_column):
+        self.first = self.rows[0]
+        if not has_column(self.first, prompt_column):
             raise EnvError(
                 f"env.kwargs.prompt_column = {prompt_column!r}: {self.rows.path} has no such "
-                f"column; its columns: {', '.join(map(str, first))}"
+                f"column; its columns: {', '.join(map(str, self.first))}"
             )
-        self.answer_column = self._answer_column(first, answer_column)
-        if self.answer_column is None and any(
-            r.style == "builtin" and r.function is BUILT_IN_REWARDS["accuracy"]
-            for r in self.rewards
-        ):
-            raise EnvError(
-                f"env.kwargs.rewards: 'accuracy' needs the rows' answers, and {self.rows.path} "
-                f"has none of the columns {', '.join(DEFAULT_ANSWER_COLUMNS)}; set "
-                f"env.kwargs.answer_column (its columns: {', '.join(map(str, first))})"
-            )
-        self.row: dict[str, Any] | None = None  # the current episode's row
-        self.row_index = -1
-        self.prompt: Prompt = ""
-
-    def _answer_column(self, first: dict[str, Any], answer_column: str | None) -> str | None:
-        if answer_column is not None:
-            if not isinstance(answer_column, str) or not has_column(first, answer_column):
-                raise EnvError(
-                    f"env.kwargs.answer_column = {answer_column!r}: {self.rows.path} has no such "
-                    f"column; its columns: {', '.join(map(str, first))}"
-                )
-            return answer_column
-        return next((c for c in DEFAULT_ANSWER_COLUMNS if has_column(first, c)), None)
 
     def row_prompt(self, row: dict[str, Any], index: int) -> Prompt:
         """Row `index`'s prompt (`row` is the row): its text or messages, the system prompt
@@ -211,7 +169,8 @@ class DatasetTask:
         sides = list(seen.values())
         return {split: sides.count(split) for split in TASK_SPLITS}
 
-    def reset(self, rng: np.random.Generator) -> Prompt:
+    def draw(self, rng: np.random.Generator) -> tuple[int, dict[str, Any], Prompt]:
+        """A row of this split drawn from `rng`: its index, the row and its prompt."""
         for _ in range(_MAX_DRAWS):
             index = int(rng.integers(len(self.rows)))
             row = self.rows[index]
@@ -224,8 +183,72 @@ class DatasetTask:
                 f"({len(self.rows)} rows) found no prompt of this split (test_fraction "
                 f"{self.test_fraction}); too few distinct prompts to split"
             )
-        self.row, self.row_index, self.prompt = row, index, prompt
-        return prompt
+        return index, row, prompt
+
+
+class DatasetTask:
+    """One dataset row an episode: its prompt, then one message scored by the reward functions.
+
+    Rewards are the weighted sum of `rewards` (default: the built-in `accuracy`); `success` is
+    a reward of at least `success_reward`. See the module docstring for columns and splits, and
+    `rewards` for what each function is given and how failures are counted.
+    """
+
+    max_turns = 1
+
+    def __init__(
+        self,
+        path: str,
+        test_path: str | None = None,
+        split: str = "train",
+        test_fraction: float = 0.1,
+        prompt_column: str = "prompt",
+        answer_column: str | None = None,
+        system_prompt: str = "",
+        rewards: Any = ("accuracy",),
+        reward_timeout_s: float = 30.0,
+        reward_on_error: float = 0.0,
+        success_reward: float = 1.0,
+    ):
+        self.reward_timeout_s = _number(
+            "env.kwargs.reward_timeout_s", reward_timeout_s, 0.0, 86400.0, open_low=True
+        )
+        self.reward_on_error = _number("env.kwargs.reward_on_error", reward_on_error, -1e9, 1e9)
+        self.success_reward = _number("env.kwargs.success_reward", success_reward, -1e9, 1e9)
+        self.rewards = load_reward_functions(
+            list(rewards) if isinstance(rewards, tuple) else rewards
+        )
+        self.reward_names = tuple(reward.name for reward in self.rewards)
+        self.data = DatasetRows(path, test_path, split, test_fraction, prompt_column, system_prompt)
+        first = self.data.first
+        self.answer_column = self._answer_column(first, answer_column)
+        if self.answer_column is None and any(
+            r.style == "builtin" and r.function is BUILT_IN_REWARDS["accuracy"]
+            for r in self.rewards
+        ):
+            raise EnvError(
+                f"env.kwargs.rewards: 'accuracy' needs the rows' answers, and "
+                f"{self.data.rows.path} has none of the columns "
+                f"{', '.join(DEFAULT_ANSWER_COLUMNS)}; set env.kwargs.answer_column (its "
+                f"columns: {', '.join(map(str, first))})"
+            )
+        self.row: dict[str, Any] | None = None  # the current episode's row
+        self.row_index = -1
+        self.prompt: Prompt = ""
+
+    def _answer_column(self, first: dict[str, Any], answer_column: str | None) -> str | None:
+        if answer_column is not None:
+            if not isinstance(answer_column, str) or not has_column(first, answer_column):
+                raise EnvError(
+                    f"env.kwargs.answer_column = {answer_column!r}: {self.data.rows.path} has no "
+                    f"such column; its columns: {', '.join(map(str, first))}"
+                )
+            return answer_column
+        return next((c for c in DEFAULT_ANSWER_COLUMNS if has_column(first, c)), None)
+
+    def reset(self, rng: np.random.Generator) -> Prompt:
+        self.row_index, self.row, self.prompt = self.data.draw(rng)
+        return self.prompt
 
     def completion(self, message: str, message_ids: Sequence[int]) -> Completion:
         """What the reward functions are given for `message` answering the current row."""
@@ -237,7 +260,7 @@ class DatasetTask:
                 answer = column_value(self.row, self.answer_column)
             except KeyError:
                 answer = None
-        raw_prompt = column_value(self.row, self.prompt_column)
+        raw_prompt = column_value(self.row, self.data.prompt_column)
         return Completion(raw_prompt, message, message_ids, self.row, answer)
 
     def reply(self, message: str) -> TaskReply:
