@@ -7,6 +7,8 @@
   dataset (`pip install 'agentenv_jax[text]'`), e.g. `reasoning_gym/basic_arithmetic`;
 * `agentenv_jax/Dataset-v0`: `dataset_tasks.DatasetTask`, the rows of a user's dataset file
   scored by reward functions;
+* `skyrl_gym/<env>`: `skyrl_gym_tasks.SkyRLGymTask`, a skyrl-gym env (e.g. `skyrl_gym/gsm8k`)
+  over rows of SkyRL's dataset layout;
 * `package.module:TaskClass`: a user's own task, any class that follows the `TextTask`
   protocol (`reset(rng)` and `reply(message)`), made with `env.kwargs` as its kwargs.
 
@@ -30,6 +32,7 @@ import gymnasium as gym
 from agentenv_jax.envs.spaces import EnvError
 from agentenv_jax.envs.text.dataset_tasks import DatasetTask
 from agentenv_jax.envs.text.reasoning_gym_tasks import ReasoningGymTask, reasoning_gym_kwargs
+from agentenv_jax.envs.text.skyrl_gym_tasks import SKYRL_GYM_PREFIX, SkyRLGymTask
 from agentenv_jax.envs.text.tasks import ArithmeticTask, GuessNumberTask, TextTask
 from agentenv_jax.envs.text.tokenizer import BYTE_TOKENIZER, Tokenizer
 from agentenv_jax.envs.text.tool_tasks import ToolArithmeticTask
@@ -55,8 +58,11 @@ TEXT_ENV_IDS: dict[str, TextEnvEntry] = {
     "agentenv_jax/ToolArithmetic-v0": TextEnvEntry(ToolArithmeticTask, 512, 96),
     "agentenv_jax/Dataset-v0": TextEnvEntry(DatasetTask, 512, 128),
     f"{REASONING_GYM_PREFIX}<dataset>": TextEnvEntry(ReasoningGymTask, 512, 16),
+    f"{SKYRL_GYM_PREFIX}<env>": TextEnvEntry(SkyRLGymTask, 1024, 256),
 }
-_BUILT_IN = [env_id for env_id in TEXT_ENV_IDS if not env_id.startswith(REASONING_GYM_PREFIX)]
+# Ids that name a family by a prefix: `prefix<name>`.
+_PREFIXES = (REASONING_GYM_PREFIX, SKYRL_GYM_PREFIX)
+_BUILT_IN = [env_id for env_id in TEXT_ENV_IDS if not env_id.startswith(_PREFIXES)]
 
 
 # A user's task (`package.module:TaskClass`) gets these lengths unless env.kwargs sets them.
@@ -67,7 +73,7 @@ def user_task_class(env_id: str) -> type | None:
     """The class `env_id` names when it is `package.module:Class` with `reset` and `reply`
     methods (a `TextTask`), else None (a Gymnasium env factory, or not an import path). The
     module is imported: an import that fails is an `EnvError`."""
-    if ":" not in env_id or env_id.startswith(REASONING_GYM_PREFIX):
+    if ":" not in env_id or env_id.startswith(_PREFIXES):
         return None
     module_name, _, attr = env_id.partition(":")
     try:
@@ -89,9 +95,7 @@ def is_text_env(env_id: str) -> bool:
     """Whether `env_id` names a text env: a built-in one, `reasoning_gym/<dataset>`, or a
     user's task class (`package.module:Class`, imported to tell)."""
     return (
-        env_id in _BUILT_IN
-        or env_id.startswith(REASONING_GYM_PREFIX)
-        or user_task_class(env_id) is not None
+        env_id in _BUILT_IN or env_id.startswith(_PREFIXES) or user_task_class(env_id) is not None
     )
 
 
@@ -112,6 +116,10 @@ def make_text_vector_env(
         entry = TEXT_ENV_IDS[f"{REASONING_GYM_PREFIX}<dataset>"]
         make_task = functools.partial(ReasoningGymTask, dataset_name)
         task_kwargs = reasoning_gym_kwargs(dataset_name)
+    elif env_id.startswith(SKYRL_GYM_PREFIX):
+        entry = TEXT_ENV_IDS[f"{SKYRL_GYM_PREFIX}<env>"]
+        make_task = functools.partial(SkyRLGymTask, env_id.removeprefix(SKYRL_GYM_PREFIX))
+        task_kwargs = list(inspect.signature(SkyRLGymTask).parameters)[1:]
     elif env_id in _BUILT_IN:
         entry = TEXT_ENV_IDS[env_id]
         make_task = entry.task
@@ -144,7 +152,7 @@ def make_text_vector_env(
     except EnvError:
         raise
     except Exception as err:
-        if env_id in TEXT_ENV_IDS or env_id.startswith(REASONING_GYM_PREFIX):
+        if env_id in TEXT_ENV_IDS or env_id.startswith(_PREFIXES):
             raise
         raise EnvError(
             f"env.id = {env_id!r}: making the task with env.kwargs failed: "
