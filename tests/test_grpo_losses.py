@@ -7,6 +7,7 @@ importance correction of asynchronous (stale) samples."""
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 
 import jax
@@ -21,6 +22,7 @@ from agentenv_jax.algorithms.token_ppo import (
     TokenTrainState,
     aggregate,
     alike_groups,
+    episode_group_advantages,
     group_advantages,
     make_token_ppo_loss,
     make_token_ppo_update,
@@ -83,6 +85,69 @@ def test_rloo_subtracts_the_mean_of_the_other_answers():
     np.testing.assert_allclose(got, numpy_rloo(REWARD, VALID), atol=1e-6)
     # By hand, row 1's first group: valid rewards 0.5, 0, 1 (env 2 invalid).
     np.testing.assert_allclose(got[1, :4], [0.5 - 0.5, 0 - 0.75, 0.0, 1 - 0.25], atol=1e-6)
+
+
+# Two rounds of 3 messages of one group of 4 envs (a multi-turn task): [T=6, B=4]. Each env's
+# episode of a round ends at a different turn, and waits (invalid) for the round's end.
+ROUND_VALID = np.array(
+    [
+        [1, 1, 1, 1],
+        [1, 0, 1, 1],
+        [0, 0, 1, 1],
+        [1, 1, 1, 1],
+        [1, 1, 0, 0],
+        [1, 0, 0, 0],
+    ],
+    np.float32,
+)
+ROUND_REWARD = np.array(
+    [
+        [0.0, 1.0, 0.0, 0.0],
+        [0.5, 9.0, 0.0, 0.2],  # 9.0: a waiting env's row, not counted
+        [9.0, 9.0, 1.0, 0.0],
+        [0.0, 0.0, 1.0, 0.0],
+        [0.0, 1.0, 9.0, 9.0],
+        [1.0, 9.0, 9.0, 9.0],
+    ],
+    np.float32,
+)
+
+
+@pytest.mark.parametrize("advantage", ["group", "dr_grpo", "rloo"])
+def test_multi_turn_group_advantages_compare_whole_episodes_against_numpy(advantage):
+    """Each episode's return (its valid messages' rewards) against its group's episodes of the
+    same round, given to every valid message of the episode; waiting rows get nothing."""
+    hp = hyperparams(
+        advantage="rloo" if advantage == "rloo" else "group",
+        scale_group_rewards=advantage == "group",
+        group_size=4,
+        round_length=3,
+    )
+    got = np.asarray(
+        episode_group_advantages(jnp.asarray(ROUND_REWARD), jnp.asarray(ROUND_VALID), hp)
+    )
+    want = np.zeros_like(ROUND_REWARD)
+    for first in (0, 3):
+        rows = slice(first, first + 3)
+        returns = (ROUND_REWARD[rows] * ROUND_VALID[rows]).sum(0)[None]  # [1, 4]
+        ones = np.ones_like(returns)
+        if advantage == "rloo":
+            per_episode = numpy_rloo(returns, ones)
+        else:
+            per_episode = numpy_group_advantages(returns, ones, scale=advantage == "group")
+        want[rows] = per_episode * ROUND_VALID[rows]
+    np.testing.assert_allclose(got, want, atol=1e-5)
+    # By hand, round 0's returns: 0.5, 1, 1, 0.2; env 0's two messages share its advantage.
+    assert got[0, 0] == got[1, 0] != 0 and got[2, 0] == 0
+    # One message a round reduces to the single-turn advantage of each row.
+    single = dataclasses.replace(hp, round_length=1)
+    np.testing.assert_allclose(
+        episode_group_advantages(jnp.asarray(REWARD), jnp.asarray(VALID), single),
+        numpy_rloo(REWARD, VALID)
+        if advantage == "rloo"
+        else numpy_group_advantages(REWARD, VALID, scale=advantage == "group"),
+        atol=1e-5,
+    )
 
 
 def test_alike_groups_are_exactly_the_zero_variance_ones():

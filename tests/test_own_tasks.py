@@ -76,6 +76,78 @@ def test_a_task_may_start_with_chat_messages():
     assert rewards.tolist() == [1.0, 0.0]
 
 
+def test_under_a_group_baseline_a_multi_turn_tasks_envs_run_in_rounds():
+    """Episodes of all envs start together every max_turns steps; an env whose episode ended
+    waits (its steps not acted: padding) until the round ends, and a group shares prompts."""
+    env = make_text_vector_env(
+        f"{TASKS}:GuessDigit",
+        4,
+        {"top": 9, "group_size": 2, "context_length": 64, "response_length": 4},
+        episode_groups=True,
+    )
+    assert env.text_spec.episode_round == 3
+    env.reset(seed=0)
+    targets = [task.target for task in env._tasks]
+    assert targets[0] == targets[1] and targets[2] == targets[3]
+    wrong = [str((t + 1) % 10) for t in targets]
+    _, rewards, terminated, truncated, info = env.step(messages([str(targets[0])] + wrong[1:], 4))
+    assert rewards.tolist() == [1, 0, 0, 0] and terminated.tolist() == [1, 0, 0, 0]
+    assert info["agent_acted"].all()
+    # Env 0 waits: its message is ignored, and it is not reset yet.
+    _, rewards, terminated, truncated, info = env.step(
+        messages([str(targets[0]), str(targets[1]), wrong[2], wrong[3]], 4)
+    )
+    assert info["agent_acted"].tolist() == [0, 1, 1, 1]
+    assert rewards.tolist() == [0, 1, 0, 0] and terminated.tolist() == [0, 1, 0, 0]
+    # The round's last step: envs 2, 3 truncated at 3 turns; then all start a new round.
+    _, rewards, terminated, truncated, info = env.step(messages(["x"] * 4, 4))
+    assert info["agent_acted"].tolist() == [0, 0, 1, 1]
+    assert truncated.tolist() == [0, 0, 1, 1] and not terminated.any()
+    assert [len(turns) for turns in env._turns] == [0] * 4
+    new_targets = [task.target for task in env._tasks]
+    assert new_targets[0] == new_targets[1] and new_targets[2] == new_targets[3]
+    _, _, _, _, info = env.step(messages(["x"] * 4, 4))
+    assert info["agent_acted"].all()
+
+
+@pytest.mark.slow
+def test_a_multi_turn_task_trains_with_a_group_baseline_and_reconciles(tmp_path):
+    """GRPO across turns in one process: rounds of 3 messages, waiting steps left out of the
+    accounting of messages, tokens and episodes."""
+    config = {
+        "env": {
+            "id": f"{TASKS}:GuessDigit",
+            "kwargs": {"top": 3, "context_length": 48, "response_length": 2},
+            "global_num_envs": 8,
+        },
+        "algorithm": {
+            "name": "ppo",
+            "advantage": "group",
+            "group_size": 4,
+            "rollout_length": 6,
+            "num_minibatches": 1,
+        },
+        "network": {"language_model": {"size": "tiny"}},
+        "run": {"total_env_steps": 96, "name": "run"},
+    }
+    (tmp_path / "config.yaml").write_text(json.dumps(config))
+    result = run_command(
+        agentenv_command("train", "config.yaml"),
+        timeout=600,
+        cwd=tmp_path,
+        extra_env={"PYTHONPATH": str(Path(__file__).parent)},
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    summary = json.loads((tmp_path / "runs" / "run" / "summary.json").read_text())
+    for accounting in ("accounting", "token_accounting", "episode_accounting"):
+        assert summary[accounting]["reconciles"], summary[accounting]
+    # Waiting steps are padding: fewer messages trained than steps taken, and every episode
+    # (at most 3 messages) of every round ended: 2 rounds a segment, 8 envs.
+    steps_taken = summary["updates"] * 6 * 8  # rollout_length x envs
+    assert 0 < summary["accounting"]["trained"] < steps_taken
+    assert summary["episode_accounting"]["trained"] == 8 * 2 * summary["updates"]
+
+
 @pytest.mark.parametrize(
     ("env_id", "kwargs", "message"),
     [

@@ -176,7 +176,7 @@ def _value_loss_gradients(value_trunk: str) -> dict:
     lm = language_model_for(config.network.language_model, _TEXT)
     params = lm.init(jax.random.key(3))
     hp = dataclasses.replace(
-        token_ppo_hyperparams(config.algorithm, _TEXT.response_length),
+        token_ppo_hyperparams(config.algorithm, _TEXT),
         ent_coef=0.0,
         kl_coef=0.0,
         vf_coef=1.0,

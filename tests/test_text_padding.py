@@ -159,7 +159,7 @@ LOSSES = {
 @pytest.mark.parametrize("loss", list(LOSSES))
 def test_the_update_on_trimmed_messages_is_the_update_on_whole_ones(model, loss):
     lm, params = model()
-    hp = token_ppo_hyperparams(LOSSES[loss], RESPONSE)
+    hp = token_ppo_hyperparams(LOSSES[loss], TextSpec(VOCAB, CONTEXT, RESPONSE, PAD, BOS, EOS))
 
     def score(params, context, response):
         return tuple(lm.score(params, context, response, PAD, EOS))

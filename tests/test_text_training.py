@@ -480,8 +480,9 @@ def test_central_inference_acts_as_the_env_ranks_own_cnn_policy_would(run_dir):
         ),
         (
             "guess_number_ppo",
-            ["algorithm.advantage=group", "algorithm.group_size=4"],
-            "algorithm.advantage = 'group' needs a single-turn text env",
+            ["algorithm.advantage=group", "algorithm.group_size=4", "algorithm.rollout_length=6"],
+            "algorithm.rollout_length = 6 must be a multiple of 4 under algorithm.advantage = "
+            "'group'",
         ),
         (
             "arithmetic_ppo",

@@ -84,6 +84,10 @@ class TokenPPOHyperparams:
     # The configured answer length M, which Dr. GRPO's normaliser and the overlong penalty
     # read; None: the batch's own (its responses may be trimmed to their longest answer).
     response_length: int | None = None
+    # Messages per episode round of a multi-turn env under a group baseline: every env starts
+    # an episode together every `round_length` steps (`TextVectorEnv(round_turns=...)`), so a
+    # segment's rows `[k R, (k + 1) R)` hold one whole episode of each env. 1: single turn.
+    round_length: int = 1
 
 
 def _stored_reference(params: Params, ref_params: Params) -> Params:
@@ -212,6 +216,42 @@ def rloo_advantages(reward: jax.Array, valid: jax.Array, group_size: int) -> jax
     count = v.sum(-1, keepdims=True)
     others_mean = ((r * v).sum(-1, keepdims=True) - r) / jnp.maximum(count - 1.0, 1.0)
     return ((r - others_mean) * v * (count >= 2)).reshape(t, b)
+
+
+def episode_rewards(
+    reward: jax.Array, valid: jax.Array, round_length: int
+) -> tuple[jax.Array, jax.Array]:
+    """Each episode's return and whether it has any valid message: `reward, valid [T, B]` summed
+    over the rows of each round of `round_length` messages (one episode of each env), giving
+    `[T / R, B]` each. With `round_length` 1 (single turn) they are `reward` and `valid`."""
+    if round_length == 1:
+        return reward, valid
+    t, b = reward.shape
+    v = valid.astype(reward.dtype).reshape(t // round_length, round_length, b)
+    returns = (reward.reshape(v.shape) * v).sum(1)
+    return returns, v.max(1)
+
+
+def per_message(per_episode: jax.Array, valid: jax.Array, round_length: int) -> jax.Array:
+    """`per_episode [T / R, B]` given to each valid message of its episode: `[T, B]`."""
+    return jnp.repeat(per_episode, round_length, axis=0) * valid
+
+
+def episode_group_advantages(
+    reward: jax.Array, valid: jax.Array, hp: TokenPPOHyperparams
+) -> jax.Array:
+    """The group baseline (`group` or `rloo`) over whole episodes: each episode's return
+    (`episode_rewards`) against the other episodes of its group (the group's envs' episodes of
+    the same round, which share a prompt), given to every message of the episode. `[T, B]`, 0
+    on invalid messages (an env waiting for its group's round to end)."""
+    returns, episode_valid = episode_rewards(reward, valid, hp.round_length)
+    if hp.advantage == "group":
+        advantage = group_advantages(
+            returns, episode_valid, hp.group_size, scale=hp.scale_group_rewards
+        )
+    else:
+        advantage = rloo_advantages(returns, episode_valid, hp.group_size)
+    return per_message(advantage, valid, hp.round_length)
 
 
 def alike_groups(reward: jax.Array, valid: jax.Array, group_size: int) -> jax.Array:
@@ -431,12 +471,7 @@ def make_token_ppo_update(
         terminated = rollout["terminated"].astype(bool)
         truncated = rollout["truncated"].astype(bool)
         if hp.advantage != "gae":
-            per_message = (
-                group_advantages(reward, valid, hp.group_size, scale=hp.scale_group_rewards)
-                if hp.advantage == "group"
-                else rloo_advantages(reward, valid, hp.group_size)
-            )
-            advantages = per_message[:, :, None] * mask
+            advantages = episode_group_advantages(reward, valid, hp)[:, :, None] * mask
             returns = jnp.zeros_like(advantages)
         else:
             rewards = last_token_mask(mask) * reward[:, :, None]

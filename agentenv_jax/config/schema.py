@@ -253,7 +253,8 @@ class PPOConfig:
     kl_estimator: KLEstimator = "k3"  # text envs: the loss term's estimator, k1 or k3
     # group: critic-free, each answer's advantage is its reward standardized over the
     # group_size answers to the same prompt (GRPO); rloo: its reward minus the mean of the
-    # others' (RLOO). Both need a single-turn text env.
+    # others' (RLOO). On a multi-turn env they compare whole episodes (their returns), every
+    # message of an episode trained on its episode's advantage.
     advantage: AdvantageEstimator = "gae"  # text envs: gae (critic), group or rloo (no critic)
     group_size: int = 1  # text envs: answers per prompt (envs in a row share each prompt)
     scale_group_rewards: bool = True  # group: divide by the group's std (false: Dr. GRPO)

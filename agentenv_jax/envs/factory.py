@@ -116,19 +116,21 @@ def make_vector_env(
     critic: CriticInput = "centralised",
     group_size: int = 1,
     tokenizer: Any = None,
+    episode_groups: bool = False,
 ) -> gym.vector.VectorEnv:
     """The vector env of one env rank. Its autoreset mode is SAME_STEP, or NEXT_STEP (native).
     A multi-agent env (`envs.multi_agent.registry`) comes as its agent columns, with the
     critic's part of the observation that `critic` asks for. A text env (`envs.text`) is a
     `TextVectorEnv` whose envs answer each prompt `group_size` times (`algorithm.group_size`),
-    in the tokens of `tokenizer` (default: bytes)."""
+    in the tokens of `tokenizer` (default: bytes), its episodes in rounds where
+    `episode_groups` (a group baseline over a multi-turn task's episodes)."""
     from agentenv_jax.envs.text.registry import is_text_env, make_text_vector_env
 
     if is_text_env(config.id):
         kwargs = dict(config.kwargs)
         if group_size > 1:
             kwargs["group_size"] = group_size
-        return make_text_vector_env(config.id, local_num_envs, kwargs, tokenizer)
+        return make_text_vector_env(config.id, local_num_envs, kwargs, tokenizer, episode_groups)
     if is_multi_agent(config.id):
         env = make_multi_agent_env(
             config.id, local_num_envs, config.kwargs, config.max_episode_steps

@@ -61,6 +61,9 @@ class TextSpec:
     # The reward functions a task's reward sums (`TextTask.reward_names`), whose values travel
     # per transition as `reward_terms` and are logged per update as `reward/<name>`.
     reward_names: tuple[str, ...] = ()
+    # Messages per episode round: a multi-turn env under a group baseline starts an episode in
+    # every env together every this many steps (`TextVectorEnv(round_turns=...)`); 1 otherwise.
+    episode_round: int = 1
 
 
 @dataclasses.dataclass(frozen=True)

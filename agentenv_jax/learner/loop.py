@@ -227,9 +227,7 @@ class Learner:
         refill_rounds = getattr(config.algorithm, "refill_rounds", 0) if spaces.text else 0
         self._eos_id = spaces.text.eos_id if spaces.text else 0
         self._refill_hyperparams = (
-            token_ppo_hyperparams(config.algorithm, spaces.text.response_length)
-            if refill_rounds
-            else None
+            token_ppo_hyperparams(config.algorithm, spaces.text) if refill_rounds else None
         )
         self._update = (
             jitted_update

@@ -24,7 +24,7 @@ from agentenv_jax.networks.lora import ADAPTERS, without_adapters
 from agentenv_jax.networks.text_models import initial_language_model_params, language_model_for
 
 
-def token_ppo_hyperparams(algo: PPOConfig, response_length: int) -> TokenPPOHyperparams:
+def token_ppo_hyperparams(algo: PPOConfig, text: TextSpec) -> TokenPPOHyperparams:
     return TokenPPOHyperparams(
         num_epochs=algo.num_epochs,
         num_minibatches=algo.num_minibatches,
@@ -48,7 +48,8 @@ def token_ppo_hyperparams(algo: PPOConfig, response_length: int) -> TokenPPOHype
         overlong_buffer=algo.overlong_buffer,
         overlong_penalty=algo.overlong_penalty,
         importance_weight_cap=algo.importance_weight_cap if algo.max_policy_lag > 0 else None,
-        response_length=response_length,
+        response_length=text.response_length,
+        round_length=text.episode_round,
     )
 
 
@@ -99,7 +100,7 @@ def language_model_training(
     update = make_token_ppo_update(
         score,
         optimizer,
-        token_ppo_hyperparams(algo, text.response_length),
+        token_ppo_hyperparams(algo, text),
         constrain_rows,
         finetuning,
     )

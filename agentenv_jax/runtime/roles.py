@@ -117,16 +117,27 @@ def check_text_settings(config: ExperimentConfig, spaces: EnvSpaces) -> None:
 
 
 def check_group_baseline(config: ExperimentConfig, vector_env: Any) -> None:
-    """The group baseline compares the answers to one prompt, which in a text env's segment
-    are the same row of one group of envs: only single-turn tasks keep them aligned."""
+    """The group baseline compares the episodes of one prompt. On a multi-turn task they run
+    in rounds of `max_turns` messages (`TextVectorEnv(round_turns=...)`), so a segment must
+    hold whole rounds."""
     from agentenv_jax.envs.factory import EnvError
 
-    turns = getattr(vector_env, "max_turns", 1)
-    advantage = getattr(config.algorithm, "advantage", "gae")
-    if advantage != "gae" and turns > 1:
+    text = getattr(vector_env, "text_spec", None)
+    rounds = text.episode_round if text is not None else 1
+    algo = config.algorithm
+    if rounds <= 1:
+        return
+    if algo.rollout_length % rounds:
         raise EnvError(
-            f"algorithm.advantage = {advantage!r} needs a single-turn text env; env.id = "
-            f"{config.env.id!r} takes up to {turns} messages per episode (use 'gae')"
+            f"algorithm.rollout_length = {algo.rollout_length} must be a multiple of "
+            f"{rounds} under algorithm.advantage = {algo.advantage!r}: env.id = "
+            f"{config.env.id!r} takes up to {rounds} messages per episode, and each segment "
+            "holds whole rounds of a group's episodes"
+        )
+    if algo.dynamic_sampling:
+        raise EnvError(
+            f"algorithm.dynamic_sampling = true is not supported on a multi-turn env (env.id "
+            f"= {config.env.id!r}, up to {rounds} messages per episode); set it false"
         )
 
 
@@ -148,6 +159,7 @@ def prepare_env_rank(config: ExperimentConfig, topology: Topology):
         config.network.critic,
         group_size=getattr(config.algorithm, "group_size", 1),
         tokenizer=tokenizer,
+        episode_groups=getattr(config.algorithm, "advantage", "gae") != "gae",
     )
     try:
         check_first_reset(vector_env, config.env)

@@ -106,11 +106,16 @@ def close_text_env_id(env_id: str) -> str | None:
 
 
 def make_text_vector_env(
-    env_id: str, num_envs: int, kwargs: dict[str, Any], tokenizer: Tokenizer | None = None
+    env_id: str,
+    num_envs: int,
+    kwargs: dict[str, Any],
+    tokenizer: Tokenizer | None = None,
+    episode_groups: bool = False,
 ) -> TextVectorEnv:
     """`num_envs` envs of the text env `env_id` with `env.kwargs` = `kwargs`, in the tokens of
     `tokenizer` (default: bytes); `EnvError` naming an unknown id or kwarg (with the allowed
-    ones) or a bad value."""
+    ones) or a bad value. With `episode_groups` (a group baseline) a multi-turn task's envs run
+    their episodes in rounds of its `max_turns` messages (`TextVectorEnv(round_turns=...)`)."""
     if env_id.startswith(REASONING_GYM_PREFIX):
         dataset_name = env_id.removeprefix(REASONING_GYM_PREFIX)
         entry = TEXT_ENV_IDS[f"{REASONING_GYM_PREFIX}<dataset>"]
@@ -172,4 +177,5 @@ def make_text_vector_env(
         response_length=kwargs.get("response_length", entry.response_length),
         group_size=kwargs.get("group_size", 1),
         tokenizer=tokenizer or BYTE_TOKENIZER,
+        round_turns=task.max_turns if episode_groups and task.max_turns > 1 else 0,
     )

@@ -10,6 +10,7 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 
+from agentenv_jax.envs.multi_agent.columns import ACTED
 from agentenv_jax.envs.spaces import EnvError, TextSpec
 from agentenv_jax.envs.text.tasks import (
     Prompt,
@@ -42,7 +43,12 @@ class TextVectorEnv(gym.vector.VectorEnv):
 
     Envs come in groups of `group_size` consecutive envs whose rngs start alike on a reset,
     so a group draws the same sequence of prompts (several answers to each prompt, as GRPO
-    wants); in multi-turn tasks a group's envs may reach their next prompt at different steps.
+    wants); in multi-turn tasks a group's envs may reach their next prompt at different steps,
+    unless `round_turns` > 0: then every env starts an episode together every `round_turns`
+    steps (episodes are truncated at that many messages), an env whose episode ended waits
+    for the round's end, and `info["agent_acted"]` (`bool [E]`) is False on its waiting steps
+    (its message is ignored, and the actor marks the transition as padding). A round then holds
+    one whole episode of each env, which the group baseline compares across the group.
     """
 
     metadata = {"autoreset_mode": gym.vector.AutoresetMode.SAME_STEP}
@@ -55,6 +61,7 @@ class TextVectorEnv(gym.vector.VectorEnv):
         response_length: int,
         group_size: int = 1,
         tokenizer: Tokenizer = BYTE_TOKENIZER,
+        round_turns: int = 0,
     ):
         self.num_envs = require_int("num_envs", num_envs, 1)
         # At least BOS and one more token; each prompt is checked against it on reset.
@@ -67,12 +74,16 @@ class TextVectorEnv(gym.vector.VectorEnv):
                 f"{num_envs} (each group of envs shares its prompts)"
             )
         self.tokenizer = tokenizer
+        self._round_turns = require_int("round_turns", round_turns, 0)
+        self._round_step = 0  # steps taken in the current round
+        self._waiting = np.zeros(self.num_envs, bool)  # ended, waiting for the round's end
         self._tasks = [make_task() for _ in range(self.num_envs)]
         # Tasks whose reward sums named functions report each one's value per step.
         self.reward_names: tuple[str, ...] = tuple(getattr(self._tasks[0], "reward_names", ()))
         self.text_spec: TextSpec = dataclasses.replace(
             tokenizer.text_spec(self._context_length, self._response_length),
             reward_names=self.reward_names,
+            episode_round=max(self._round_turns, 1),
         )
         vocab = tokenizer.vocab_size
         self.single_observation_space = gym.spaces.Box(
@@ -122,6 +133,8 @@ class TextVectorEnv(gym.vector.VectorEnv):
             ]
         for i in range(self.num_envs):
             self._start_episode(i)
+        self._round_step = 0
+        self._waiting[:] = False
         return self._observations(), {}
 
     def step(
@@ -149,14 +162,24 @@ class TextVectorEnv(gym.vector.VectorEnv):
         turns = np.zeros(self.num_envs, np.int32)
         has_eos = (actions == eos).any(axis=1)
         response_tokens[has_eos] = (actions[has_eos] == eos).argmax(axis=1) + 1
-        messages = [self.tokenizer.decode(actions[i]) for i in range(self.num_envs)]
-        replies = reply_all(
-            self._tasks, messages, [actions[i][: response_tokens[i]] for i in range(self.num_envs)]
+        acted = ~self._waiting
+        messages = {int(i): self.tokenizer.decode(actions[i]) for i in np.flatnonzero(acted)}
+        replies = dict(
+            zip(
+                messages,
+                reply_all(
+                    [self._tasks[i] for i in messages],
+                    list(messages.values()),
+                    [actions[i][: response_tokens[i]] for i in messages],
+                ),
+                strict=True,
+            )
         )
         k = len(self.reward_names)
         reward_terms = np.full((self.num_envs, k), np.nan, np.float32)
         reward_failed = np.zeros((self.num_envs, k), bool)
-        for i, (message, reply) in enumerate(zip(messages, replies, strict=True)):
+        for i, reply in replies.items():
+            message = messages[i]
             if reply.terms:
                 reward_terms[i], reward_failed[i] = reply.terms, reply.failed
             rewards[i] = reply.reward
@@ -176,7 +199,7 @@ class TextVectorEnv(gym.vector.VectorEnv):
                 [self._tokens[i], generated, [] if has_eos[i] else [eos], after]
             ).astype(np.int32)
             terminated[i] = reply.done
-            truncated[i] = not reply.done and len(self._turns[i]) >= self._tasks[i].max_turns
+            truncated[i] = not reply.done and len(self._turns[i]) >= self._turn_limit(i)
             if terminated[i] or truncated[i]:
                 success[i] = reply.success
                 final_obs[i] = self._observation(i)
@@ -184,8 +207,21 @@ class TextVectorEnv(gym.vector.VectorEnv):
                 self.finished_transcripts.append(
                     (self.transcript(i), bool(reply.success), float(self._returns[i]))
                 )
-                self._start_episode(i)
+                if self._round_turns:
+                    self._waiting[i] = True
+                else:
+                    self._start_episode(i)
         info: dict[str, Any] = {"success": success, "response_tokens": response_tokens}
+        if self._round_turns:
+            info[ACTED] = acted
+            self._round_step += 1
+            if self._round_step == self._round_turns:
+                # Every episode is over (truncated at the round's length at the latest): all
+                # envs start the next round's episodes now, as SAME_STEP autoreset does.
+                for i in range(self.num_envs):
+                    self._start_episode(i)
+                self._waiting[:] = False
+                self._round_step = 0
         if k:
             info["reward_terms"], info["reward_failed"] = reward_terms, reward_failed
         ended = terminated | truncated
@@ -202,6 +238,11 @@ class TextVectorEnv(gym.vector.VectorEnv):
             }
             info["_final_info"] = ended
         return self._observations(), rewards, terminated, truncated, info
+
+    def _turn_limit(self, i: int) -> int:
+        """Messages env i's episode may take: its task's, and at most a round's."""
+        limit = self._tasks[i].max_turns
+        return min(limit, self._round_turns) if self._round_turns else limit
 
     def transcript(self, i: int) -> str:
         """Env i's current episode so far for people: the prompt, then `agent: ...` and
