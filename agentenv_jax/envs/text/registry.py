@@ -7,6 +7,8 @@
   dataset (`pip install 'agentenv_jax[text]'`), e.g. `reasoning_gym/basic_arithmetic`;
 * `agentenv_jax/Dataset-v0`: `dataset_tasks.DatasetTask`, the rows of a user's dataset file
   scored by reward functions;
+* `textarena/<game>`: `textarena_tasks.TextArenaTask`, a TextArena single-player game (e.g.
+  `textarena/GuessTheNumber-v0`);
 * `skyrl_gym/<env>`: `skyrl_gym_tasks.SkyRLGymTask`, a skyrl-gym env (e.g. `skyrl_gym/gsm8k`)
   over rows of SkyRL's dataset layout;
 * `package.module:TaskClass`: a user's own task, any class that follows the `TextTask`
@@ -34,6 +36,7 @@ from agentenv_jax.envs.text.dataset_tasks import DatasetTask
 from agentenv_jax.envs.text.reasoning_gym_tasks import ReasoningGymTask, reasoning_gym_kwargs
 from agentenv_jax.envs.text.skyrl_gym_tasks import SKYRL_GYM_PREFIX, SkyRLGymTask
 from agentenv_jax.envs.text.tasks import ArithmeticTask, GuessNumberTask, TextTask
+from agentenv_jax.envs.text.textarena_tasks import TEXTARENA_PREFIX, TextArenaTask
 from agentenv_jax.envs.text.tokenizer import BYTE_TOKENIZER, Tokenizer
 from agentenv_jax.envs.text.tool_tasks import ToolArithmeticTask
 from agentenv_jax.envs.text.vector_env import TextVectorEnv
@@ -59,9 +62,12 @@ TEXT_ENV_IDS: dict[str, TextEnvEntry] = {
     "agentenv_jax/Dataset-v0": TextEnvEntry(DatasetTask, 512, 128),
     f"{REASONING_GYM_PREFIX}<dataset>": TextEnvEntry(ReasoningGymTask, 512, 16),
     f"{SKYRL_GYM_PREFIX}<env>": TextEnvEntry(SkyRLGymTask, 1024, 256),
+    f"{TEXTARENA_PREFIX}<game>": TextEnvEntry(TextArenaTask, 1024, 64),
 }
 # Ids that name a family by a prefix: `prefix<name>`.
-_PREFIXES = (REASONING_GYM_PREFIX, SKYRL_GYM_PREFIX)
+_PREFIXES = (REASONING_GYM_PREFIX, SKYRL_GYM_PREFIX, TEXTARENA_PREFIX)
+# The task class of each prefix that takes the name as its first argument.
+_PREFIX_TASKS = {SKYRL_GYM_PREFIX: SkyRLGymTask, TEXTARENA_PREFIX: TextArenaTask}
 _BUILT_IN = [env_id for env_id in TEXT_ENV_IDS if not env_id.startswith(_PREFIXES)]
 
 
@@ -121,10 +127,11 @@ def make_text_vector_env(
         entry = TEXT_ENV_IDS[f"{REASONING_GYM_PREFIX}<dataset>"]
         make_task = functools.partial(ReasoningGymTask, dataset_name)
         task_kwargs = reasoning_gym_kwargs(dataset_name)
-    elif env_id.startswith(SKYRL_GYM_PREFIX):
-        entry = TEXT_ENV_IDS[f"{SKYRL_GYM_PREFIX}<env>"]
-        make_task = functools.partial(SkyRLGymTask, env_id.removeprefix(SKYRL_GYM_PREFIX))
-        task_kwargs = list(inspect.signature(SkyRLGymTask).parameters)[1:]
+    elif env_id.startswith(tuple(_PREFIX_TASKS)):
+        prefix = next(p for p in _PREFIX_TASKS if env_id.startswith(p))
+        entry = next(e for name, e in TEXT_ENV_IDS.items() if name.startswith(prefix))
+        make_task = functools.partial(_PREFIX_TASKS[prefix], env_id.removeprefix(prefix))
+        task_kwargs = list(inspect.signature(_PREFIX_TASKS[prefix]).parameters)[1:]
     elif env_id in _BUILT_IN:
         entry = TEXT_ENV_IDS[env_id]
         make_task = entry.task
