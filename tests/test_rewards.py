@@ -324,6 +324,33 @@ def test_an_env_rank_survives_a_failing_reward_and_reports_it(tmp_path, capsys):
         assert info["reward_failed"][:, 1].all() and not info["reward_failed"][:, 0].any()
     err = capsys.readouterr().err
     assert err.count("reward function 'raises' raised RuntimeError") == 1  # shown once
+    assert "agent_acted" not in info  # every row trained, at reward_on_error
+
+
+def test_reward_on_error_drop_leaves_the_failed_rows_out(tmp_path):
+    path = tmp_path / "rows.jsonl"
+    path.write_text(
+        "".join(json.dumps({"prompt": f"{i}?", "answer": str(i)}) + "\n" for i in range(9))
+    )
+    kwargs = {
+        "path": str(path),
+        "test_fraction": 0.0,
+        "rewards": [f"{__name__}:nan_on_odd_answers"],
+        "reward_on_error": "drop",
+        "context_length": 16,
+        "response_length": 4,
+    }
+    env = make_text_vector_env("agentenv_jax/Dataset-v0", 4, kwargs)
+    env.reset(seed=0)
+    for _ in range(3):
+        odd = [int(task.row["answer"]) % 2 == 1 for task in env._tasks]
+        _, rewards, terminated, _, info = env.step(np.full((4, 4), BYTE_TOKENIZER.eos_id))
+        # A dropped row is padding, as a step an env did not act on.
+        acted = info.get("agent_acted", np.ones(4, bool))  # there only when a row is dropped
+        assert acted.tolist() == [not o for o in odd]
+        assert rewards.tolist() == [0.0 if o else 1.0 for o in odd]
+    with pytest.raises(EnvError, match=r"reward_on_error = 'dorp': expected a number .* or 'drop'"):
+        make_text_vector_env("agentenv_jax/Dataset-v0", 4, kwargs | {"reward_on_error": "dorp"})
 
 
 @pytest.mark.slow

@@ -207,13 +207,24 @@ class DatasetTask:
         system_prompt: str = "",
         rewards: Any = ("accuracy",),
         reward_timeout_s: float = 30.0,
-        reward_on_error: float = 0.0,
+        reward_on_error: float | str = 0.0,
         success_reward: float = 1.0,
     ):
         self.reward_timeout_s = _number(
             "env.kwargs.reward_timeout_s", reward_timeout_s, 0.0, 86400.0, open_low=True
         )
-        self.reward_on_error = _number("env.kwargs.reward_on_error", reward_on_error, -1e9, 1e9)
+        # "drop": a row whose reward failed is left out of training, dropped from its group.
+        self.drop_on_error = reward_on_error == "drop"
+        if isinstance(reward_on_error, str) and not self.drop_on_error:
+            raise EnvError(
+                f"env.kwargs.reward_on_error = {reward_on_error!r}: expected a number (the "
+                "reward of a row whose reward failed) or 'drop' (leave the row out)"
+            )
+        self.reward_on_error = (
+            0.0
+            if self.drop_on_error
+            else _number("env.kwargs.reward_on_error", reward_on_error, -1e9, 1e9)
+        )
         self.success_reward = _number("env.kwargs.success_reward", success_reward, -1e9, 1e9)
         self.rewards = load_reward_functions(
             list(rewards) if isinstance(rewards, tuple) else rewards
@@ -283,10 +294,14 @@ class DatasetTask:
             if name not in _REPORTED:
                 # Once per function and process: the counts go to the metrics.
                 _REPORTED.add(name)
+                outcome = (
+                    "is dropped from its group (env.kwargs.reward_on_error = 'drop')"
+                    if first.drop_on_error
+                    else f"gets env.kwargs.reward_on_error = {first.reward_on_error:g}"
+                )
                 print(
-                    f"agentenv: reward function {name!r} {message}; the row gets "
-                    f"env.kwargs.reward_on_error = {first.reward_on_error:g}, and every failure "
-                    f"is counted per update as reward/{name}/failures (shown once)",
+                    f"agentenv: reward function {name!r} {message}; the row {outcome}, and "
+                    f"every failure is counted per update as reward/{name}/failures (shown once)",
                     file=sys.stderr,
                     flush=True,
                 )
@@ -298,6 +313,7 @@ class DatasetTask:
                 success=bool(batch.total[i] >= first.success_reward),
                 terms=tuple(float(v) for v in batch.values[i]),
                 failed=tuple(bool(f) for f in batch.failed[i]),
+                dropped=first.drop_on_error and bool(batch.error_rows[i]),
             )
             for i in range(len(tasks))
         ]

@@ -79,6 +79,11 @@ class RewardBatch:
     failed: np.ndarray  # bool [N, K]: the function failed for the row
     errors: dict[str, str]  # a failing function's name -> its first failure, for the log
 
+    @property
+    def error_rows(self) -> np.ndarray:
+        """bool `[N]`: rows where a function failed, or none gave a value."""
+        return self.failed.any(axis=1) | ~np.isfinite(self.values).any(axis=1)
+
 
 def _accuracy(
     completions: Sequence[Completion], answer_format: str = "last_number"
@@ -427,6 +432,5 @@ def score_completions(
     weights = np.array([f.weight for f in functions])
     applied = np.isfinite(values)
     total = np.where(applied, values * weights, 0.0).sum(axis=1)
-    error_rows = failed.any(axis=1) | ~applied.any(axis=1)
-    total = np.where(error_rows, reward_on_error, total)
-    return RewardBatch(total, values, failed, messages)
+    batch = RewardBatch(total, values, failed, messages)
+    return dataclasses.replace(batch, total=np.where(batch.error_rows, reward_on_error, total))

@@ -40,6 +40,9 @@ class TaskReply:
     # whose reward is a weighted sum of named functions (`TextTask.reward_names`).
     terms: tuple[float, ...] = ()
     failed: tuple[bool, ...] = ()
+    # The message is left out of training (its step is padding, as a step an env did not act
+    # on): a reward that could not be computed, under `reward_on_error: drop`.
+    dropped: bool = False
 
 
 # A prompt: its text (rendered as one user turn), or chat messages ({"role", "content"} each,

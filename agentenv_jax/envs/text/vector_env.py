@@ -212,8 +212,10 @@ class TextVectorEnv(gym.vector.VectorEnv):
                 else:
                     self._start_episode(i)
         info: dict[str, Any] = {"success": success, "response_tokens": response_tokens}
-        if self._round_turns:
-            info[ACTED] = acted
+        dropped = [i for i, reply in replies.items() if reply.dropped]
+        if self._round_turns or dropped:
+            info[ACTED] = acted.copy()
+            info[ACTED][dropped] = False
             self._round_step += 1
             if self._round_step == self._round_turns:
                 # Every episode is over (truncated at the round's length at the latest): all
