@@ -5,6 +5,7 @@ each function's mean logged per update by a real training run."""
 
 from __future__ import annotations
 
+import asyncio
 import inspect
 import json
 import math
@@ -66,6 +67,20 @@ async def async_first(completions, **kwargs):
 async def async_second(completions, **kwargs):
     BOTH_INSIDE.wait()
     return [2.0] * len(completions)
+
+
+# Rows an async verl function has started on: they wait for each other, so rows scored one
+# after another time out.
+ROWS_STARTED = {"count": 0}
+
+
+async def async_verl(data_source, solution_str, ground_truth, extra_info=None):
+    ROWS_STARTED["count"] += 1
+    for _ in range(500):
+        if ROWS_STARTED["count"] >= 3:
+            return float(solution_str == ground_truth)
+        await asyncio.sleep(0.01)
+    raise TimeoutError("the other rows never started")
 
 
 def raises(completions, **kwargs):
@@ -228,6 +243,14 @@ def test_async_reward_functions_run_concurrently():
     )
     assert not batch.failed.any(), batch.errors
     assert batch.total.tolist() == [2.0, 2.0, 2.0]
+
+
+def test_an_async_verl_compute_score_scores_the_rows_concurrently():
+    ROWS_STARTED["count"] = 0
+    rows = [{"prompt": "p", "answer": "1"}] * 3
+    batch = score([f"{__name__}:async_verl"], completions_of(rows, ["1", "2", "1"]))
+    assert not batch.failed.any(), batch.errors
+    assert batch.total.tolist() == [1.0, 0.0, 1.0]
 
 
 def test_built_in_rewards():

@@ -324,6 +324,10 @@ def _trl_completions(completions: Sequence[Completion]) -> list[Any]:
     ]
 
 
+async def _gather(calls: list[Any]) -> list[Any]:
+    return list(await asyncio.gather(*calls))
+
+
 def _verl_score(value: Any) -> Any:
     """A verl `compute_score` result: a number, or a dict whose `score` is the reward."""
     return value["score"] if isinstance(value, Mapping) and "score" in value else value
@@ -339,20 +343,20 @@ def call_reward_function(reward: RewardFunction, completions: Sequence[Completio
     if reward.style == "builtin":
         return list(reward.function(completions, **reward.kwargs))
     if reward.style == "verl":
-        return [
-            _verl_score(
-                resolved(
-                    reward.function(
-                        data_source=c.row.get("data_source"),
-                        solution_str=c.text,
-                        ground_truth=c.answer,
-                        extra_info=_verl_extra_info(c),
-                        **reward.kwargs,
-                    )
-                )
+        calls = [
+            reward.function(
+                data_source=c.row.get("data_source"),
+                solution_str=c.text,
+                ground_truth=c.answer,
+                extra_info=_verl_extra_info(c),
+                **reward.kwargs,
             )
             for c in completions
         ]
+        if calls and all(inspect.isawaitable(call) for call in calls):
+            # An async compute_score scores the rows concurrently, as verl's reward loop does.
+            calls = asyncio.run(_gather(calls))
+        return [_verl_score(resolved(call)) for call in calls]
     values = reward.function(
         prompts=[c.prompt for c in completions],
         completions=_trl_completions(completions),
