@@ -7,6 +7,8 @@
   dataset (`pip install 'agentenv_jax[text]'`), e.g. `reasoning_gym/basic_arithmetic`;
 * `agentenv_jax/Dataset-v0`: `dataset_tasks.DatasetTask`, the rows of a user's dataset file
   scored by reward functions;
+* `agentenv_jax/OpenEnv-v0`: `openenv_tasks.OpenEnvTask`, an OpenEnv env in process
+  (`target`) or served by OpenEnv's own server (`base_url`);
 * `textarena/<game>`: `textarena_tasks.TextArenaTask`, a TextArena single-player game (e.g.
   `textarena/GuessTheNumber-v0`);
 * `skyrl_gym/<env>`: `skyrl_gym_tasks.SkyRLGymTask`, a skyrl-gym env (e.g. `skyrl_gym/gsm8k`)
@@ -33,6 +35,7 @@ import gymnasium as gym
 
 from agentenv_jax.envs.spaces import EnvError
 from agentenv_jax.envs.text.dataset_tasks import DatasetTask
+from agentenv_jax.envs.text.openenv_tasks import OpenEnvTask
 from agentenv_jax.envs.text.reasoning_gym_tasks import ReasoningGymTask, reasoning_gym_kwargs
 from agentenv_jax.envs.text.skyrl_gym_tasks import SKYRL_GYM_PREFIX, SkyRLGymTask
 from agentenv_jax.envs.text.tasks import ArithmeticTask, GuessNumberTask, TextTask
@@ -60,6 +63,7 @@ TEXT_ENV_IDS: dict[str, TextEnvEntry] = {
     "agentenv_jax/GuessNumber-v0": TextEnvEntry(GuessNumberTask, 64, 4),
     "agentenv_jax/ToolArithmetic-v0": TextEnvEntry(ToolArithmeticTask, 512, 96),
     "agentenv_jax/Dataset-v0": TextEnvEntry(DatasetTask, 512, 128),
+    "agentenv_jax/OpenEnv-v0": TextEnvEntry(OpenEnvTask, 1024, 256),
     f"{REASONING_GYM_PREFIX}<dataset>": TextEnvEntry(ReasoningGymTask, 512, 16),
     f"{SKYRL_GYM_PREFIX}<env>": TextEnvEntry(SkyRLGymTask, 1024, 256),
     f"{TEXTARENA_PREFIX}<game>": TextEnvEntry(TextArenaTask, 1024, 64),

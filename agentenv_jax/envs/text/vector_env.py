@@ -241,6 +241,13 @@ class TextVectorEnv(gym.vector.VectorEnv):
             info["_final_info"] = ended
         return self._observations(), rewards, terminated, truncated, info
 
+    def close_extras(self, **kwargs: Any) -> None:
+        """Close every task that holds something open (an env, a server session)."""
+        for task in self._tasks:
+            close = getattr(task, "close", None)
+            if callable(close):
+                close()
+
     def _turn_limit(self, i: int) -> int:
         """Messages env i's episode may take: its task's, and at most a round's."""
         limit = self._tasks[i].max_turns
