@@ -33,9 +33,10 @@ def math_verify() -> ModuleType | None:
         return None
     # Off the main thread math-verify runs without its alarm and says so once; there the
     # caller bounds the time (reward functions run under `rewards.score_completions`' limit).
-    logging.getLogger("math_verify").addFilter(
-        lambda record: "Timeout is disabled" not in record.getMessage()
-    )
+    for name in ("math_verify.parser", "math_verify.grader"):  # filters act where records start
+        logging.getLogger(name).addFilter(
+            lambda record: "Timeout is disabled" not in record.getMessage()
+        )
     return module
 
 
