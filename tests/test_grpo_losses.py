@@ -397,6 +397,31 @@ def test_dynamic_sampling_leaves_out_exactly_the_alike_groups():
     assert int(metrics["trained_tokens"]) > int(want_metrics["trained_tokens"])
 
 
+def test_a_step_without_a_move_counts_its_reward_and_trains_none_of_its_tokens():
+    """A self-play seat whose game ended on the other seat's move has a valid step of 0
+    response tokens: its reward is in its group's returns, its tokens get no gradient."""
+    update, optimizer = _update_of(loss_aggregation="token")
+    rollout = _rollout(VALID)
+    rollout["response_tokens"] = np.full(REWARD.shape, 3, np.int32)
+    rollout["response_tokens"][0, 3] = 0
+    state, _ = update(_state(optimizer), rollout)
+    # Whatever that step's tokens are, the update is the same...
+    other = dict(rollout, action=rollout["action"].copy())
+    other["action"][0, 3] = [6, 6, 6]
+    same, _ = update(_state(optimizer), other)
+    assert float(state.params["w"]) == pytest.approx(float(same.params["w"]), rel=1e-6)
+    # ...and its reward still counts for the others of its group (their advantages move).
+    zero_reward = dict(rollout, reward=REWARD.copy())
+    zero_reward["reward"][0, 3] = 0.0
+    changed, _ = update(_state(optimizer), zero_reward)
+    assert float(changed.params["w"]) != pytest.approx(float(state.params["w"]), rel=1e-6)
+    # Without the count, the step's tokens are trained.
+    trained, _ = update(
+        _state(optimizer), {k: v for k, v in other.items() if k != "response_tokens"}
+    )
+    assert float(trained.params["w"]) != pytest.approx(float(same.params["w"]), rel=1e-6)
+
+
 # The groups of `_rollout(VALID)`, (t, group) in order: 1 0 0 1 | 1 1 1 1 | .5 0 _ 1 | 0 0 0 _.
 INFORMATIVE = np.array([[True, False], [True, False]])
 

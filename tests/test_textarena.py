@@ -1,16 +1,22 @@
-"""TextArena's single-player games as text envs (`textarena/<game>`), unchanged: GuessTheNumber
-and TowerOfHanoi driven by a scripted policy that wins (reward 1) and one that loses, what the
-dialogue shows, and bad ids, two-player games and games whose data is missing refused by name."""
+"""TextArena's games as text envs (`textarena/<game>`), unchanged: GuessTheNumber and
+TowerOfHanoi driven by a scripted policy that wins (reward 1) and one that loses; TicTacToe in
+self-play, each game two envs (its seats), won by seat 0 and by seat 1, a draw, the turn limit,
+and rounds under a group baseline; what the dialogues show; bad ids and games whose data is
+missing refused by name; and a one-process self-play run that reconciles."""
 
 from __future__ import annotations
+
+import json
 
 import numpy as np
 import pytest
 
+from agentenv_jax.config import load_config
 from agentenv_jax.envs.spaces import EnvError
 from agentenv_jax.envs.text import BYTE_TOKENIZER, is_text_env, make_text_vector_env
+from agentenv_jax.runtime.roles import check_group_baseline
 
-from conftest import require_reference
+from conftest import agentenv_command, require_reference, run_command
 
 require_reference("textarena")
 
@@ -81,10 +87,141 @@ def test_tower_of_hanoi_solved_by_its_moves_and_lost_by_a_wrong_one():
     ("game", "message"),
     [
         ("GuesTheNumber-v0", r"no TextArena game .*did you mean 'GuessTheNumber-v0'"),
-        ("TicTacToe-v0", r"is not a single-player game .*self-play .* not supported yet"),
         ("Wordle-v0", r"needs data that is not installed: NLTK's 'words'"),
     ],
 )
 def test_bad_textarena_games_are_refused_by_name(game, message):
     with pytest.raises(EnvError, match=message):
         make_text_vector_env(f"textarena/{game}", 1, LENGTHS)
+
+
+# Self-play: with group_size 2 and 4 envs, envs 0, 1 are seat 0 of games 0, 1, and envs 2, 3
+# their seat 1. Seat 0 moves first.
+SEAT_0, SEAT_1 = [0, 1], [2, 3]
+
+
+def play(env, moves_0, moves_1):
+    """Alternate the seats' moves (the same in both games); each step's outputs."""
+    steps = []
+    for turn in range(max(len(moves_0), len(moves_1)) * 2):
+        seat_moves = moves_0 if turn % 2 == 0 else moves_1
+        if turn // 2 >= len(seat_moves):
+            break
+        move = seat_moves[turn // 2]
+        texts = [move, move, "idle", "idle"] if turn % 2 == 0 else ["idle", "idle", move, move]
+        steps.append(env.step(messages(texts)))
+    return steps
+
+
+def tictactoe(episode_groups=False, **kwargs):
+    return make_text_vector_env(
+        "textarena/TicTacToe-v0",
+        4,
+        LENGTHS | {"group_size": 2} | kwargs,
+        episode_groups=episode_groups,
+    )
+
+
+def test_tictactoe_self_play_seats_take_turns_and_both_get_the_outcome():
+    env = tictactoe()
+    assert env.seats == 2 and env.reward_names == ("seat_0", "seat_1")
+    env.reset(seed=0)
+    # Seat 0 takes the top row; seat 1 answers 3 and 4.
+    steps = play(env, ["[0]", "[1]", "[2]"], ["[3]", "[4]"])
+    for n, (_, rewards, terminated, _, info) in enumerate(steps[:-1]):
+        mover = SEAT_0 if n % 2 == 0 else SEAT_1
+        assert np.flatnonzero(info["agent_acted"]).tolist() == mover  # the others are padding
+        assert not terminated.any() and not rewards.any()
+    _, rewards, terminated, _, info = steps[-1]
+    assert terminated.all() and rewards.tolist() == [1, 1, -1, -1]
+    # Seat 1's game ended on seat 0's move: a step with its reward and end, and no message.
+    assert info["agent_acted"].all() and info["response_tokens"].tolist()[2:] == [0, 0]
+    assert info["final_info"]["success"].tolist() == [True, True, False, False]
+    terms = info["reward_terms"]
+    assert terms[SEAT_0, 0].tolist() == [1, 1] and np.isnan(terms[SEAT_0, 1]).all()
+    assert terms[SEAT_1, 1].tolist() == [-1, -1] and np.isnan(terms[SEAT_1, 0]).all()
+    # Each seat's dialogue is its own view: seat 1 hears seat 0's moves as env turns.
+    seat_1 = [t for t, _, _ in env.finished_transcripts if "You are Player 1" in t][0]
+    assert "agent: [3]" in seat_1 and "Player 0 placed their symbol (O) in cell 0" in seat_1
+    assert "agent: [0]" not in seat_1
+    # Both seats started the next game together.
+    assert [len(turns) for turns in env._turns] == [0] * 4
+
+
+def test_tictactoe_self_play_seat_1_wins_and_a_full_board_is_a_draw():
+    env = tictactoe()
+    env.reset(seed=0)
+    *_, (_, rewards, terminated, _, _) = play(env, ["[0]", "[1]", "[8]"], ["[3]", "[4]", "[5]"])
+    assert terminated.all() and rewards.tolist() == [-1, -1, 1, 1]
+    # O X O / O X X / X O O: nine moves, no line.
+    *_, (_, rewards, terminated, _, info) = play(
+        env, ["[0]", "[2]", "[3]", "[7]", "[8]"], ["[1]", "[4]", "[5]", "[6]"]
+    )
+    assert terminated.all() and rewards.tolist() == [0, 0, 0, 0]
+    assert not info["final_info"]["success"].any()
+
+
+def test_a_game_past_max_turns_moves_ends_as_a_draw_and_rounds_wait_for_every_game():
+    env = tictactoe(episode_groups=True, max_turns=4)
+    assert env.text_spec.episode_round == 4
+    env.reset(seed=0)
+    steps = play(env, ["[0]", "[1]"], ["[3]", "[4]"])
+    _, rewards, terminated, _, info = steps[-1]
+    assert terminated.all() and rewards.tolist() == [0, 0, 0, 0]  # cut at 4 moves
+    # A game won in 5 moves under a round of 6: both seats wait for the round's last step.
+    env = tictactoe(episode_groups=True, max_turns=6)
+    env.reset(seed=0)
+    steps = play(env, ["[0]", "[1]", "[2]"], ["[3]", "[4]"])
+    assert steps[-1][2].all()
+    _, _, terminated, truncated, info = env.step(messages(["idle"] * 4))
+    assert not info["agent_acted"].any() and not (terminated | truncated).any()
+    assert [len(turns) for turns in env._turns] == [0] * 4  # the next round began
+
+
+def test_self_play_is_refused_with_gae_and_with_envs_that_do_not_fill_its_games(tmp_path):
+    with pytest.raises(EnvError, match=r"must be a multiple of 2 seats x .*group_size = 2"):
+        make_text_vector_env("textarena/TicTacToe-v0", 6, LENGTHS | {"group_size": 2})
+    config = {
+        "env": {"id": "textarena/TicTacToe-v0", "kwargs": LENGTHS, "global_num_envs": 4},
+        "algorithm": {"name": "ppo", "rollout_length": 16},
+        "network": {"language_model": {"size": "tiny"}},
+    }
+    (tmp_path / "config.yaml").write_text(json.dumps(config))
+    env = make_text_vector_env("textarena/TicTacToe-v0", 4, LENGTHS)
+    with pytest.raises(EnvError, match=r"needs algorithm\.advantage = 'group' or 'rloo'"):
+        check_group_baseline(load_config(tmp_path / "config.yaml"), env)
+
+
+@pytest.mark.slow
+def test_tictactoe_self_play_trains_in_one_process_and_reconciles(tmp_path):
+    """GRPO across turns on both seats: rounds of 9 moves, each seat's returns logged."""
+    config = {
+        "env": {
+            "id": "textarena/TicTacToe-v0",
+            "kwargs": {"max_turns": 9, "context_length": 512, "response_length": 4},
+            "global_num_envs": 8,
+        },
+        "algorithm": {
+            "name": "ppo",
+            "advantage": "group",
+            "group_size": 2,
+            "rollout_length": 9,
+            "num_minibatches": 1,
+        },
+        "network": {"language_model": {"size": "tiny"}},
+        "run": {"total_env_steps": 144, "name": "run"},
+    }
+    (tmp_path / "config.yaml").write_text(json.dumps(config))
+    result = run_command(agentenv_command("train", "config.yaml"), timeout=600, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    run = tmp_path / "runs" / "run"
+    summary = json.loads((run / "summary.json").read_text())
+    for accounting in ("accounting", "token_accounting", "episode_accounting"):
+        assert summary[accounting]["reconciles"], summary[accounting]
+    # Every seat's episode of every round ended: 8 envs, one round a segment.
+    assert summary["episode_accounting"]["trained"] == 8 * summary["updates"]
+    records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    for record in records:
+        # Zero-sum: the seats' mean returns are opposite (a random policy mostly loses on
+        # invalid moves, which the game forgives once).
+        assert record["reward/seat_0/mean"] == pytest.approx(-record["reward/seat_1/mean"])

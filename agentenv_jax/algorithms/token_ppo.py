@@ -458,6 +458,11 @@ def make_token_ppo_update(
         ref_log_prob = ref_log_prob.reshape(t, b, -1)
         received = valid = rollout["valid"].astype(jnp.float32)
         token_mask = token_mask.reshape(t, b, -1)
+        if "response_tokens" in rollout:
+            # A step whose message was not a move (0 tokens: a seat whose game ended on
+            # another seat's move) carries its reward and episode end, and trains no token.
+            moved = (rollout["response_tokens"] > 0).astype(token_mask.dtype)
+            token_mask = token_mask * moved[:, :, None]
         reward = shaped_reward(
             rollout["reward"], valid, token_mask.sum(-1), token_mask.shape[-1], hp
         )

@@ -76,6 +76,9 @@ ROLLOUT_FIELDS = (
     "truncated",
     "valid",
 )
+# A text env's rollouts also carry each message's token count: 0 where the step's message
+# was not a move (a seat whose game ended on another seat's move), whose tokens are not trained.
+TEXT_ROLLOUT_FIELDS = (*ROLLOUT_FIELDS, "response_tokens")
 # Per-env fields `[B, ...]` that come with each rollout.
 ROLLOUT_LAST_FIELDS = ("last_value", "last_obs")
 # Fields of a segment every learner reads from every env rank (with several learners, they
@@ -104,9 +107,15 @@ def summary_spec(segment_spec: MessageSpec) -> MessageSpec:
     return MessageSpec([segment_spec[name] for name in (*SUMMARY_FIELDS, *extra)])
 
 
+def rollout_fields(text: bool) -> tuple[str, ...]:
+    """The `[T, B]` fields of a rollout: a text env's add the messages' token counts."""
+    return TEXT_ROLLOUT_FIELDS if text else ROLLOUT_FIELDS
+
+
 def rollout_shapes(segment_specs: list[MessageSpec]) -> dict[str, jax.ShapeDtypeStruct]:
     """The rollout `run_once` assembles from one segment of each spec: `[T, B, ...]` fields
     joined along the env axis, `[B, ...]` ones along the first."""
+    text = "response_tokens" in [f.name for f in segment_specs[0].fields]
 
     def joined(name: str, axis: int) -> jax.ShapeDtypeStruct:
         fields = [
@@ -116,20 +125,25 @@ def rollout_shapes(segment_specs: list[MessageSpec]) -> dict[str, jax.ShapeDtype
         shape[axis] = sum(field.shape[axis] for field in fields)
         return jax.ShapeDtypeStruct(tuple(shape), fields[0].dtype)
 
-    return {name: joined(name, 1) for name in ROLLOUT_FIELDS} | {
+    return {name: joined(name, 1) for name in rollout_fields(text)} | {
         name: joined(name, 0) for name in ROLLOUT_LAST_FIELDS
     }
 
 
-def rollout_shardings(mesh: Mesh) -> dict[str, Any]:
-    """Each rollout field's sharding: the env axis split over the mesh."""
-    return {name: env_axis_sharding(mesh, 2) for name in ROLLOUT_FIELDS} | {
+def rollout_shardings(mesh: Mesh, text: bool = False) -> dict[str, Any]:
+    """Each rollout field's sharding (a text env's with `text`): the env axis split over the
+    mesh."""
+    return {name: env_axis_sharding(mesh, 2) for name in rollout_fields(text)} | {
         name: env_axis_sharding(mesh, 1) for name in ROLLOUT_LAST_FIELDS
     }
 
 
 def jit_sharded_update(
-    update: Callable, mesh: Mesh, state_sharding: Any = None, data_axis: str | None = None
+    update: Callable,
+    mesh: Mesh,
+    state_sharding: Any = None,
+    data_axis: str | None = None,
+    text: bool = False,
 ) -> Callable:
     """Jit `update(state, rollout)` with the rollout's env axis sharded over `mesh` and the
     train state as `state_sharding` (`state_shardings`; replicated by default); the state
@@ -138,7 +152,7 @@ def jit_sharded_update(
     block of envs, the state replicated."""
     state_sharding = replicated(mesh) if state_sharding is None else state_sharding
     if data_axis is not None:
-        specs = {name: s.spec for name, s in rollout_shardings(mesh).items()}
+        specs = {name: s.spec for name, s in rollout_shardings(mesh, text).items()}
         update = jax.shard_map(
             update,
             mesh=mesh,
@@ -151,7 +165,7 @@ def jit_sharded_update(
         )
     return jax.jit(
         update,
-        in_shardings=(state_sharding, rollout_shardings(mesh)),
+        in_shardings=(state_sharding, rollout_shardings(mesh, text)),
         out_shardings=(state_sharding, replicated(mesh)),
         donate_argnums=(0,),
     )
@@ -218,7 +232,9 @@ class Learner:
         )
         check_model_axis_divides(abstract_state.params, config.topology.model_axis)
         self._state_sharding = state_shardings(self.mesh, abstract_state)
-        jitted_update = jit_sharded_update(model.update, self.mesh, self._state_sharding, data_axis)
+        jitted_update = jit_sharded_update(
+            model.update, self.mesh, self._state_sharding, data_axis, spaces.text is not None
+        )
         # Text updates trimmed of padding (`algorithm.length_bucket`) take the shapes each
         # round's messages need, compiled as they first occur; the rest have one shape, which
         # compiles while the parameters are initialized and the first rollout is collected.
@@ -239,7 +255,7 @@ class Learner:
             )
         )
         self._global_batch = spans_processes(self.mesh)
-        self._rollout_shardings = rollout_shardings(self.mesh)
+        self._rollout_shardings = rollout_shardings(self.mesh, spaces.text is not None)
         init_key, train_key = jax.random.split(jax.random.PRNGKey(config.run.seed))
         self.state = initial_state(model, self.mesh, self._state_sharding, init_key, train_key)
         # Env ranks take one flat vector: gathered whole, however the parameters are sharded.
@@ -502,7 +518,7 @@ class Learner:
         segments = [spec.views(buf) for spec, buf in zip(self._segment_specs, buffers, strict=True)]
         rollout = {
             name: np.concatenate([s[name] for s in segments], axis=1)
-            for name in ROLLOUT_FIELDS
+            for name in TEXT_ROLLOUT_FIELDS
             if name in segments[0]
         }
         if "obs" not in rollout:  # frames, stacked again here (`buffers.frame_stacks`)

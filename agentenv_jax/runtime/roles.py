@@ -125,6 +125,13 @@ def check_group_baseline(config: ExperimentConfig, vector_env: Any) -> None:
     text = getattr(vector_env, "text_spec", None)
     rounds = text.episode_round if text is not None else 1
     algo = config.algorithm
+    seats = getattr(vector_env, "seats", 1)
+    if seats > 1 and algo.advantage == "gae":
+        raise EnvError(
+            f"env.id = {config.env.id!r} is a game of {seats} seats played in self-play: it "
+            "needs algorithm.advantage = 'group' or 'rloo' (a seat's last reward can come on "
+            "another seat's move, which whole-episode advantages count and GAE would not)"
+        )
     if rounds <= 1:
         return
     if algo.rollout_length % rounds:

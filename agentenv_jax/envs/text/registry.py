@@ -9,8 +9,8 @@
   scored by reward functions;
 * `agentenv_jax/OpenEnv-v0`: `openenv_tasks.OpenEnvTask`, an OpenEnv env in process
   (`target`) or served by OpenEnv's own server (`base_url`);
-* `textarena/<game>`: `textarena_tasks.TextArenaTask`, a TextArena single-player game (e.g.
-  `textarena/GuessTheNumber-v0`);
+* `textarena/<game>`: `textarena_tasks.textarena_task`, a TextArena game: single-player (e.g.
+  `textarena/GuessTheNumber-v0`), or two-player in self-play (`textarena/TicTacToe-v0`);
 * `skyrl_gym/<env>`: `skyrl_gym_tasks.SkyRLGymTask`, a skyrl-gym env (e.g. `skyrl_gym/gsm8k`)
   over rows of SkyRL's dataset layout;
 * `package.module:TaskClass`: a user's own task, any class that follows the `TextTask`
@@ -39,7 +39,7 @@ from agentenv_jax.envs.text.openenv_tasks import OpenEnvTask
 from agentenv_jax.envs.text.reasoning_gym_tasks import ReasoningGymTask, reasoning_gym_kwargs
 from agentenv_jax.envs.text.skyrl_gym_tasks import SKYRL_GYM_PREFIX, SkyRLGymTask
 from agentenv_jax.envs.text.tasks import ArithmeticTask, GuessNumberTask, TextTask
-from agentenv_jax.envs.text.textarena_tasks import TEXTARENA_PREFIX, TextArenaTask
+from agentenv_jax.envs.text.textarena_tasks import TEXTARENA_PREFIX, textarena_task
 from agentenv_jax.envs.text.tokenizer import BYTE_TOKENIZER, Tokenizer
 from agentenv_jax.envs.text.tool_tasks import ToolArithmeticTask
 from agentenv_jax.envs.text.vector_env import TextVectorEnv
@@ -66,12 +66,12 @@ TEXT_ENV_IDS: dict[str, TextEnvEntry] = {
     "agentenv_jax/OpenEnv-v0": TextEnvEntry(OpenEnvTask, 1024, 256),
     f"{REASONING_GYM_PREFIX}<dataset>": TextEnvEntry(ReasoningGymTask, 512, 16),
     f"{SKYRL_GYM_PREFIX}<env>": TextEnvEntry(SkyRLGymTask, 1024, 256),
-    f"{TEXTARENA_PREFIX}<game>": TextEnvEntry(TextArenaTask, 1024, 64),
+    f"{TEXTARENA_PREFIX}<game>": TextEnvEntry(textarena_task, 1024, 64),
 }
 # Ids that name a family by a prefix: `prefix<name>`.
 _PREFIXES = (REASONING_GYM_PREFIX, SKYRL_GYM_PREFIX, TEXTARENA_PREFIX)
 # The task class of each prefix that takes the name as its first argument.
-_PREFIX_TASKS = {SKYRL_GYM_PREFIX: SkyRLGymTask, TEXTARENA_PREFIX: TextArenaTask}
+_PREFIX_TASKS = {SKYRL_GYM_PREFIX: SkyRLGymTask, TEXTARENA_PREFIX: textarena_task}
 _BUILT_IN = [env_id for env_id in TEXT_ENV_IDS if not env_id.startswith(_PREFIXES)]
 
 

@@ -11,8 +11,15 @@ player when the game ends (`env.close()`), 0 before; an episode is a success whe
 `success_reward` (1). TextArena seeds Python's global `random` at each reset, so an episode's
 game follows its rng's seed.
 
-Two-player games are refused at start-up: self-play (both seats played by the policy, or one
-by a frozen earlier version) needs env columns that share one game, which is not built yet.
+Two-player games (`TicTacToe-v0`, `KuhnPoker-v0`, `ConnectFour-v0`, ...) are played in
+self-play by the policy on both seats (`TextArenaSelfPlayTask`): each game is two envs of the
+vector env, one a seat (`TextTask.seats`), each seat's dialogue its own view of the game. A seat
+takes a message only on its turn (its other steps are padding), hears the other seat's moves as
+env turns before its next one, and its episode ends with the game: on its own move, or on a
+step without a message of its own that carries its reward (the game's: 1 win, -1 loss, 0 draw).
+The learner trains on every seat the policy played, and each seat's returns are logged per
+update as `reward/seat_0/mean` and `reward/seat_1/mean`. Playing one seat by a frozen earlier
+policy is not built yet.
 TextArena is the optional extra `pip install 'agentenv_jax[textarena]'`.
 """
 
@@ -28,8 +35,11 @@ from agentenv_jax.envs.spaces import EnvError
 from agentenv_jax.envs.text.tasks import TaskReply, require_int
 
 TEXTARENA_PREFIX = "textarena/"
-# Turns an episode may take where the game names no limit of its own.
+# Turns an episode may take where the game names no limit of its own: a single-player game's
+# messages, or a two-player game's moves (both seats; a round of self-play under a group
+# baseline is this long).
 DEFAULT_MAX_TURNS = 64
+DEFAULT_SELF_PLAY_TURNS = 16
 
 
 def import_textarena() -> Any:
@@ -65,64 +75,80 @@ def _render(observations: list[tuple[int, str, Any]], player_id: int) -> str:
     return "\n".join(line.strip("\n") for line in lines)
 
 
-class TextArenaTask:
-    """One TextArena single-player game an episode (see the module docstring)."""
-
-    def __init__(self, game: str, max_turns: int | None = None, success_reward: float = 1.0):
-        games = textarena_games()
-        if game not in games:
-            close = difflib.get_close_matches(game, games, n=1, cutoff=0.6)
-            hint = f" (did you mean {close[0]!r}?)" if close else ""
-            raise EnvError(
-                f"env.id = 'textarena/{game}': no TextArena game {game!r}{hint}; e.g. "
-                "GuessTheNumber-v0, TowerOfHanoi-v0, Minesweeper-v0"
-            )
-        self.game = game
-        self.success_reward = float(success_reward)
-        probe = self._make()
+def textarena_task(
+    game: str, max_turns: int | None = None, success_reward: float = 1.0
+) -> TextArenaTask | TextArenaSelfPlayTask:
+    """The task of TextArena game `game`: a single-player game as it is, a two-player game in
+    self-play; `EnvError` for an unknown game, one of more players, or one that cannot start."""
+    games = textarena_games()
+    if game not in games:
+        close = difflib.get_close_matches(game, games, n=1, cutoff=0.6)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        raise EnvError(
+            f"env.id = 'textarena/{game}': no TextArena game {game!r}{hint}; e.g. "
+            "GuessTheNumber-v0, TowerOfHanoi-v0, TicTacToe-v0, KuhnPoker-v0"
+        )
+    probe = _make_game(game)
+    players = None
+    for count in (1, 2):
         try:
-            probe.reset(num_players=1, seed=0)
-        except AssertionError as err:
-            raise EnvError(
-                f"env.id = 'textarena/{game}' is not a single-player game ({err}); self-play on "
-                "two-player games is not supported yet"
-            ) from None
+            probe.reset(num_players=count, seed=0)
+        except AssertionError:
+            continue
         except Exception as err:
             raise EnvError(
                 f"env.id = 'textarena/{game}': the game does not start: {type(err).__name__}: "
                 f"{err} (a game whose data is not installed fails so)"
             ) from err
-        own_limit = getattr(probe, "max_turns", None)
-        if max_turns is None:
-            max_turns = own_limit if isinstance(own_limit, int) and own_limit > 0 else None
-        self.max_turns = require_int(
-            "env.kwargs.max_turns", max_turns if max_turns is not None else DEFAULT_MAX_TURNS, 1
+        players = count
+        break
+    if players is None:
+        raise EnvError(
+            f"env.id = 'textarena/{game}' is a game of more than two players: not supported"
         )
+    own_limit = getattr(probe, "max_turns", None) or getattr(probe.state, "max_turns", None)
+    if max_turns is None:
+        max_turns = own_limit if isinstance(own_limit, int) and own_limit > 0 else None
+    default = DEFAULT_MAX_TURNS if players == 1 else DEFAULT_SELF_PLAY_TURNS
+    max_turns = require_int("env.kwargs.max_turns", default if max_turns is None else max_turns, 1)
+    if players == 1:
+        return TextArenaTask(game, max_turns, float(success_reward))
+    return TextArenaSelfPlayTask(game, max_turns, float(success_reward))
+
+
+def _make_game(game: str) -> Any:
+    """A new raw TextArena env of `game`; `EnvError` naming data it lacks."""
+    import textarena
+
+    try:
+        return textarena.make(f"{game}-raw")
+    except LookupError as err:
+        # NLTK's message is a 20-line banner; its resource's name is what matters.
+        missing = re.search(r"Resource '?([\w/.-]+)'? not found", str(err))
+        name = missing.group(1) if missing else str(err).strip().splitlines()[0]
+        raise EnvError(
+            f"env.id = 'textarena/{game}' needs data that is not installed: NLTK's {name!r} "
+            "(TextArena fetches it from the internet, which runs do not reach; install it into "
+            "an nltk_data folder beforehand, or pick another game)"
+        ) from None
+    except Exception as err:
+        raise EnvError(
+            f"env.id = 'textarena/{game}': making the game failed: {type(err).__name__}: {err}"
+        ) from err
+
+
+class TextArenaTask:
+    """One TextArena single-player game an episode (see the module docstring)."""
+
+    def __init__(self, game: str, max_turns: int, success_reward: float):
+        self.game = game
+        self.max_turns = max_turns
+        self.success_reward = success_reward
         self.env: Any = None  # this copy's game, made at its first reset
-
-    def _make(self) -> Any:
-        import textarena
-
-        try:
-            return textarena.make(f"{self.game}-raw")
-        except LookupError as err:
-            # NLTK's message is a 20-line banner; its resource's name is what matters.
-            missing = re.search(r"Resource '?([\w/.-]+)'? not found", str(err))
-            name = missing.group(1) if missing else str(err).strip().splitlines()[0]
-            raise EnvError(
-                f"env.id = 'textarena/{self.game}' needs data that is not installed: NLTK's "
-                f"{name!r} (TextArena fetches it from the internet, which runs do not reach; "
-                "install it into an nltk_data folder beforehand, or pick another game)"
-            ) from None
-        except Exception as err:
-            raise EnvError(
-                f"env.id = 'textarena/{self.game}': making the game failed: "
-                f"{type(err).__name__}: {err}"
-            ) from err
 
     def reset(self, rng: np.random.Generator) -> str:
         if self.env is None:
-            self.env = self._make()
+            self.env = _make_game(self.game)
         self.env.reset(num_players=1, seed=int(rng.integers(2**31)))
         player_id, observations = self.env.get_observation()
         return _render(observations, player_id)
@@ -141,3 +167,120 @@ class TextArenaTask:
         return TaskReply(
             text=_render(observations, player_id), reward=0.0, done=False, success=False
         )
+
+
+class _SharedGame:
+    """One two-player game, shared by the task copies of its two seats."""
+
+    def __init__(self) -> None:
+        self.env: Any = None
+        self.episode = 0  # games started
+        self.rewards: dict[int, float] | None = None  # each seat's, once the game is over
+        self.shown = [0, 0]  # each seat's queued observations already in its dialogue
+
+
+class TextArenaSelfPlayTask:
+    """A seat of a TextArena two-player game played by the policy on both seats (see the
+    module docstring). `max_turns` bounds the moves of a game, both seats together: a game
+    still on after them ends there, scored 0 for both seats, as a draw."""
+
+    seats = 2
+    reward_names = ("seat_0", "seat_1")
+
+    def __init__(self, game: str, max_turns: int, success_reward: float):
+        self.game_id = game
+        self.max_turns = max_turns
+        self.success_reward = success_reward
+        self._games: dict[int, _SharedGame] = {}  # shared by every copy: one per game
+        self.seat = -1
+        self.game: _SharedGame | None = None
+        self.episodes = 0  # this seat's episodes started
+
+    def bind(self, env_index: int, num_envs: int, group_size: int) -> None:
+        """Which game and seat env `env_index` plays. Envs come in blocks of `2 x group_size`:
+        seat 0 of the block's `group_size` games, then seat 1 of the same games, so a group of
+        envs (the group baseline's) holds one seat of games started alike."""
+        block, within = divmod(env_index, self.seats * group_size)
+        self.seat, column = divmod(within, group_size)
+        self.game = self._games.setdefault(block * group_size + column, _SharedGame())
+
+    def _state(self) -> Any:
+        assert self.game is not None and self.game.env is not None
+        return self.game.env.state
+
+    def _take(self) -> str:
+        """What this seat has not yet seen: the observations queued for it since it last took
+        them (TextArena hands a player its queue when it is to move)."""
+        game, seat = self.game, self.seat
+        assert game is not None
+        queued = self._state().observations[seat]
+        new = queued[game.shown[seat] :]
+        if self._state().current_player_id == seat:
+            game.env.get_observation()  # hands over and clears the queue
+            game.shown[seat] = 0
+        else:
+            game.shown[seat] = len(queued)
+        return _render(new, seat)
+
+    def reset(self, rng: np.random.Generator) -> str:
+        game = self.game
+        if game is None:
+            raise RuntimeError("TextArenaSelfPlayTask.reset before bind")
+        self.episodes += 1
+        if game.episode < self.episodes:
+            # The first seat to start this episode starts the game, with its env's rng (seat
+            # 0's env: the lower index).
+            if game.env is None:
+                game.env = _make_game(self.game_id)
+            game.env.reset(num_players=2, seed=int(rng.integers(2**31)))
+            game.episode, game.rewards, game.shown = self.episodes, None, [0, 0]
+        return self._take()
+
+    def acting(self) -> bool:
+        return (
+            self.game is not None
+            and self.game.rewards is None
+            and (self._state().current_player_id == self.seat)
+        )
+
+    def _ended(self) -> TaskReply:
+        assert self.game is not None and self.game.rewards is not None
+        reward = float(self.game.rewards.get(self.seat, 0.0))
+        terms = tuple(reward if s == self.seat else float("nan") for s in range(self.seats))
+        return TaskReply(
+            text=None,
+            reward=reward,
+            done=True,
+            success=reward >= self.success_reward,
+            terms=terms,
+            failed=(False,) * self.seats,
+        )
+
+    def reply(self, message: str) -> TaskReply:
+        game = self.game
+        assert game is not None and game.env is not None
+        done, _ = game.env.step(message)
+        if done:
+            rewards, _ = game.env.close()
+            game.rewards = {int(k): float(v) for k, v in (rewards or {}).items()}
+            return self._ended()
+        if self._state().turn >= self.max_turns:
+            # A game still on at max_turns moves ends there, scored as a draw for both seats.
+            game.rewards = {seat: 0.0 for seat in range(self.seats)}
+            return self._ended()
+        # Still this seat's turn (an invalid move to make again): what the game said.
+        text = self._take() if self._state().current_player_id == self.seat else None
+        return TaskReply(text=text, reward=0.0, done=False, success=False)
+
+    def poll(self) -> TaskReply | None:
+        """Between this seat's moves: its game's end, or the other seat's move once it is
+        this seat's turn."""
+        game = self.game
+        if game is None or game.env is None:
+            return None
+        if game.rewards is not None:
+            return self._ended()
+        if self._state().current_player_id == self.seat:
+            text = self._take()
+            return TaskReply(text=text, reward=0.0, done=False, success=False) if text else None
+        return None

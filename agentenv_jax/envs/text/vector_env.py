@@ -14,6 +14,7 @@ from agentenv_jax.envs.multi_agent.columns import ACTED
 from agentenv_jax.envs.spaces import EnvError, TextSpec
 from agentenv_jax.envs.text.tasks import (
     Prompt,
+    TaskReply,
     TextTask,
     prompt_messages,
     prompt_text,
@@ -78,6 +79,20 @@ class TextVectorEnv(gym.vector.VectorEnv):
         self._round_step = 0  # steps taken in the current round
         self._waiting = np.zeros(self.num_envs, bool)  # ended, waiting for the round's end
         self._tasks = [make_task() for _ in range(self.num_envs)]
+        # A game of several seats (`TextTask.seats`) is played by as many envs, each a seat;
+        # `bind` tells each copy its env, so the copies of one game share it.
+        self.seats = int(getattr(self._tasks[0], "seats", 1))
+        self._seated = self.seats > 1
+        if self._seated and self.num_envs % (self.seats * self._group_size):
+            raise EnvError(
+                f"num_envs = {self.num_envs} must be a multiple of {self.seats} seats x "
+                f"env.kwargs.group_size = {self._group_size} (each game is played by "
+                f"{self.seats} envs, each group of envs compares one seat of its games)"
+            )
+        for i, task in enumerate(self._tasks):
+            bind = getattr(task, "bind", None)
+            if bind is not None:
+                bind(i, self.num_envs, self._group_size)
         # Tasks whose reward sums named functions report each one's value per step.
         self.reward_names: tuple[str, ...] = tuple(getattr(self._tasks[0], "reward_names", ()))
         self.text_spec: TextSpec = dataclasses.replace(
@@ -162,7 +177,7 @@ class TextVectorEnv(gym.vector.VectorEnv):
         turns = np.zeros(self.num_envs, np.int32)
         has_eos = (actions == eos).any(axis=1)
         response_tokens[has_eos] = (actions[has_eos] == eos).argmax(axis=1) + 1
-        acted = ~self._waiting
+        acted = ~self._waiting & self._acting()
         messages = {int(i): self.tokenizer.decode(actions[i]) for i in np.flatnonzero(acted)}
         replies = dict(
             zip(
@@ -178,13 +193,25 @@ class TextVectorEnv(gym.vector.VectorEnv):
         k = len(self.reward_names)
         reward_terms = np.full((self.num_envs, k), np.nan, np.float32)
         reward_failed = np.zeros((self.num_envs, k), bool)
-        for i, reply in replies.items():
-            message = messages[i]
+        ended_now: list[int] = []
+
+        def settle(i: int, reply: TaskReply, message_turn: bool) -> None:
+            """Env i's reward, terms and end from `reply`; `message_turn`: it answered a
+            message of env i (else it came while env i waited for its turn)."""
             if reply.terms:
                 reward_terms[i], reward_failed[i] = reply.terms, reply.failed
             rewards[i] = reply.reward
             self._returns[i] += reply.reward
-            self._turns[i].append((message, reply.text, reply.role))
+            terminated[i] = reply.done
+            truncated[i] = (
+                message_turn and not reply.done and len(self._turns[i]) >= self._turn_limit(i)
+            )
+            if terminated[i] or truncated[i]:
+                self._end(i, reply.success, success, final_obs, returns, turns)
+                ended_now.append(i)
+
+        for i, reply in replies.items():
+            self._turns[i].append((messages[i], reply.text, reply.role))
             # The message's tokens as generated (EOS included), not its re-encoded text: the
             # next context holds exactly what the policy wrote. A message without EOS gets one
             # as the separator before the reply.
@@ -198,32 +225,51 @@ class TextVectorEnv(gym.vector.VectorEnv):
             self._tokens[i] = np.concatenate(
                 [self._tokens[i], generated, [] if has_eos[i] else [eos], after]
             ).astype(np.int32)
-            terminated[i] = reply.done
-            truncated[i] = not reply.done and len(self._turns[i]) >= self._turn_limit(i)
-            if terminated[i] or truncated[i]:
-                success[i] = reply.success
-                final_obs[i] = self._observation(i)
-                returns[i], turns[i] = self._returns[i], len(self._turns[i])
-                self.finished_transcripts.append(
-                    (self.transcript(i), bool(reply.success), float(self._returns[i]))
-                )
-                if self._round_turns:
-                    self._waiting[i] = True
-                else:
-                    self._start_episode(i)
-        info: dict[str, Any] = {"success": success, "response_tokens": response_tokens}
+            settle(i, reply, message_turn=True)
+        # Envs that did not act (a seat whose turn it was not) hear what happened meanwhile:
+        # another seat's move (an env turn of their dialogue), or the end of their game, on a
+        # step that carries their reward and end but no message of theirs (0 tokens).
+        for i in np.flatnonzero(~acted & ~self._waiting):
+            poll = getattr(self._tasks[i], "poll", None)
+            reply = poll() if poll is not None else None
+            if reply is None:
+                continue
+            if reply.text is not None:
+                self._deliver(int(i), reply.text, reply.role)
+            if reply.done:
+                acted[i], response_tokens[i] = True, 0
+                settle(int(i), reply, message_turn=False)
         dropped = [i for i, reply in replies.items() if reply.dropped]
-        if self._round_turns or dropped:
+        round_over = False
+        if self._round_turns:
+            self._round_step += 1
+            round_over = self._round_step == self._round_turns
+        if round_over:
+            # Episodes still running at the round's end (a game longer than the round) are
+            # truncated; an env that did not act this step ends on a step without a message.
+            for i in np.flatnonzero(~self._waiting):
+                if i in ended_now:
+                    continue
+                if not acted[i]:
+                    acted[i], response_tokens[i] = True, 0
+                truncated[i] = True
+                self._end(int(i), False, success, final_obs, returns, turns)
+        info: dict[str, Any] = {"success": success, "response_tokens": response_tokens}
+        if self._round_turns or dropped or self._seated:
             info[ACTED] = acted.copy()
             info[ACTED][dropped] = False
-            self._round_step += 1
-            if self._round_step == self._round_turns:
-                # Every episode is over (truncated at the round's length at the latest): all
-                # envs start the next round's episodes now, as SAME_STEP autoreset does.
-                for i in range(self.num_envs):
-                    self._start_episode(i)
-                self._waiting[:] = False
-                self._round_step = 0
+        if round_over:
+            # Every env starts the next round's episodes now, as SAME_STEP autoreset does.
+            for i in range(self.num_envs):
+                self._start_episode(i)
+            self._waiting[:] = False
+            self._round_step = 0
+        elif self._round_turns:
+            self._waiting[ended_now] = True
+        else:
+            # Restarted once every env has heard of its episode's end (a game's seats).
+            for i in sorted(ended_now):
+                self._start_episode(i)
         if k:
             info["reward_terms"], info["reward_failed"] = reward_terms, reward_failed
         ended = terminated | truncated
@@ -248,6 +294,32 @@ class TextVectorEnv(gym.vector.VectorEnv):
             if callable(close):
                 close()
 
+    def _acting(self) -> np.ndarray:
+        """bool `[E]`: the envs whose task takes a message now (a seat whose turn it is)."""
+        if not self._seated:
+            return np.ones(self.num_envs, bool)
+        return np.array([getattr(t, "acting", lambda: True)() for t in self._tasks], bool)
+
+    def _end(self, i, task_success, success, final_obs, returns, turns) -> None:
+        """Record env i's ended episode in the step's outputs and the transcripts."""
+        success[i] = task_success
+        final_obs[i] = self._observation(i)
+        returns[i], turns[i] = self._returns[i], len(self._turns[i])
+        self.finished_transcripts.append(
+            (self.transcript(i), bool(task_success), float(self._returns[i]))
+        )
+
+    def _deliver(self, i: int, text: str, role: str) -> None:
+        """Append an env turn to env i's dialogue that came while it waited for its turn:
+        after its last message, or, before its first, to its prompt."""
+        if not self._turns[i]:
+            self._set_prompt(i, f"{prompt_text(self._prompts[i])}\n{text}".strip("\n"))
+            return
+        message, _, _ = self._turns[i][-1]
+        self._turns[i][-1] = (message, text, role)
+        after = self.tokenizer.after_message(self._messages(i)[:-1], text, role)
+        self._tokens[i] = np.concatenate([self._tokens[i], after]).astype(np.int32)
+
     def _turn_limit(self, i: int) -> int:
         """Messages env i's episode may take: its task's, and at most a round's."""
         limit = self._tasks[i].max_turns
@@ -266,7 +338,12 @@ class TextVectorEnv(gym.vector.VectorEnv):
     def _start_episode(self, i: int) -> None:
         """Draw env i's next prompt from its rng and clear its dialogue."""
         assert self._rngs is not None
-        prompt = self._tasks[i].reset(self._rngs[i])
+        self._set_prompt(i, self._tasks[i].reset(self._rngs[i]))
+        self._turns[i] = []
+        self._returns[i] = 0.0
+
+    def _set_prompt(self, i: int, prompt: Prompt) -> None:
+        """Env i's dialogue: `prompt`, checked against the context length."""
         tokens = self.tokenizer.dialogue_start(prompt)
         if tokens.size > self._context_length - 1:
             raise EnvError(
@@ -276,8 +353,6 @@ class TextVectorEnv(gym.vector.VectorEnv):
             )
         self._tokens[i] = tokens.astype(np.int32)
         self._prompts[i] = prompt
-        self._turns[i] = []
-        self._returns[i] = 0.0
 
     def _messages(self, i: int) -> list[dict[str, str]]:
         """Env i's dialogue so far as chat messages: the prompt, then each message and reply."""
