@@ -209,7 +209,7 @@ def test_tictactoe_self_play_trains_in_one_process_and_reconciles(tmp_path):
             "num_minibatches": 1,
         },
         "network": {"language_model": {"size": "tiny"}},
-        "run": {"total_env_steps": 144, "name": "run"},
+        "run": {"total_env_steps": 72, "name": "run"},
     }
     (tmp_path / "config.yaml").write_text(json.dumps(config))
     result = run_command(agentenv_command("train", "config.yaml"), timeout=600, cwd=tmp_path)
