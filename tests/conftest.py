@@ -17,6 +17,7 @@ from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
 
+import numpy as np
 import pytest
 
 from agentenv_jax.metrics.compilation import CACHE_DIR_VARIABLE
@@ -462,6 +463,35 @@ def processes_with(marker: str) -> list[str]:
 
 def agentenv_command(*args: str) -> list[str]:
     return [sys.executable, "-m", "agentenv_jax.workflow.cli", *args]
+
+
+def byte_messages(texts: list[str], length: int = 16) -> np.ndarray:
+    """Messages of a text env's byte tokenizer, `int32 [len(texts), length]`: each text's
+    bytes, EOS, then PAD; what a scripted policy sends `TextVectorEnv.step`."""
+    from agentenv_jax.envs.text import BYTE_TOKENIZER
+
+    actions = np.full((len(texts), length), BYTE_TOKENIZER.pad_id, np.int32)
+    for i, text in enumerate(texts):
+        ids = BYTE_TOKENIZER.encode(text)
+        actions[i, : len(ids)] = ids
+        actions[i, len(ids)] = BYTE_TOKENIZER.eos_id
+    return actions
+
+
+def train_in_folder(folder: Path, config: dict) -> tuple[subprocess.CompletedProcess, Path]:
+    """`agentenv train` on `config` (written to FOLDER/config.yaml, its run named `run`), run
+    in `folder` with the tests' folder importable (their envs, tasks and reward functions by
+    import path); returns the finished process, checked to have succeeded, and the run folder."""
+    config = config | {"run": config.get("run", {}) | {"name": "run"}}
+    (folder / "config.yaml").write_text(json.dumps(config))
+    result = run_command(
+        agentenv_command("train", "config.yaml"),
+        timeout=600,
+        cwd=folder,
+        extra_env={"PYTHONPATH": str(Path(__file__).parent)},
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    return result, folder / "runs" / "run"
 
 
 def settings(*overrides: str) -> list[str]:

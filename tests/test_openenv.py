@@ -22,7 +22,7 @@ from agentenv_jax.envs.spaces import EnvError
 from agentenv_jax.envs.text import BYTE_TOKENIZER
 from agentenv_jax.envs.text.vector_env import TextVectorEnv
 
-from conftest import kill_job, require_reference, start_job
+from conftest import byte_messages, kill_job, require_reference, start_job
 
 require_reference("openenv")
 from openenv_envs_for_tests import CRASH, SESSIONS_VARIABLE  # noqa: E402
@@ -32,15 +32,6 @@ from agentenv_jax.envs.text.openenv_tasks import OpenEnvTask  # noqa: E402
 MODULE = "openenv_envs_for_tests"
 TARGET = f"{MODULE}:GuessFruitEnvironment"
 RESPONSE_LENGTH = 16
-
-
-def messages(texts: list[str], length: int) -> np.ndarray:
-    actions = np.full((len(texts), length), BYTE_TOKENIZER.pad_id, np.int32)
-    for i, text in enumerate(texts):
-        ids = BYTE_TOKENIZER.encode(text)
-        actions[i, : len(ids)] = ids
-        actions[i, len(ids)] = BYTE_TOKENIZER.eos_id
-    return actions
 
 
 def dialogue(obs: np.ndarray) -> str:
@@ -81,7 +72,9 @@ def play(
         ended = np.zeros(num_envs, bool)
         for _ in range(task.max_turns):
             texts = [policy(dialogue(o)) for o in obs]
-            obs, rewards, terminated, truncated, info = env.step(messages(texts, RESPONSE_LENGTH))
+            obs, rewards, terminated, truncated, info = env.step(
+                byte_messages(texts, RESPONSE_LENGTH)
+            )
             assert info["reward_failed"].sum() == 0
             returns += np.where(ended, 0.0, rewards)
             turns += ~ended
@@ -202,7 +195,7 @@ def test_a_server_error_mid_episode_ends_it_with_reward_on_error_and_is_counted(
         env.reset(seed=0)
         # The env raises on CRASH: OpenEnv's server answers an EXECUTION_ERROR message.
         _, rewards, terminated, truncated, info = env.step(
-            messages([CRASH, "kiwi"], RESPONSE_LENGTH)
+            byte_messages([CRASH, "kiwi"], RESPONSE_LENGTH)
         )
         assert rewards.tolist() == [-1.0, 0.0] and terminated.tolist() == [True, False]
         assert info["reward_failed"].tolist() == [[True], [False]]
@@ -210,7 +203,7 @@ def test_a_server_error_mid_episode_ends_it_with_reward_on_error_and_is_counted(
         err = capfd.readouterr().err
         assert f"the OpenEnv env {server} failed a step" in err and "EXECUTION_ERROR" in err
         # Env 0 went on to a new session and episode: seed 0 draws apple.
-        _, rewards, terminated, *_ = env.step(messages(["apple", "kiwi"], RESPONSE_LENGTH))
+        _, rewards, terminated, *_ = env.step(byte_messages(["apple", "kiwi"], RESPONSE_LENGTH))
         assert rewards.tolist() == [1.0, 0.0] and terminated.tolist() == [True, False]
         assert [t.failures for t in env._tasks] == [1, 0]
     finally:

@@ -5,7 +5,6 @@ every bad class a start-up error naming `env.id`, and a one-process training run
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -15,18 +14,9 @@ from agentenv_jax.envs.factory import make_vector_env
 from agentenv_jax.envs.spaces import EnvError
 from agentenv_jax.envs.text import BYTE_TOKENIZER, is_text_env, make_text_vector_env
 
-from conftest import agentenv_command, run_command
+from conftest import byte_messages, train_in_folder
 
 TASKS = "text_tasks_for_tests"
-
-
-def messages(texts: list[str], length: int) -> np.ndarray:
-    actions = np.full((len(texts), length), BYTE_TOKENIZER.pad_id, np.int32)
-    for i, text in enumerate(texts):
-        ids = BYTE_TOKENIZER.encode(text)
-        actions[i, : len(ids)] = ids
-        actions[i, len(ids)] = BYTE_TOKENIZER.eos_id
-    return actions
 
 
 def test_a_users_multi_turn_task_wins_with_binary_search_and_loses_otherwise():
@@ -45,7 +35,7 @@ def test_a_users_multi_turn_task_wins_with_binary_search_and_loses_otherwise():
     ended = np.zeros(4, bool)
     for _ in range(3):
         guesses = (low + high) // 2
-        _, rewards, terminated, truncated, _ = env.step(messages([str(g) for g in guesses], 4))
+        _, rewards, terminated, truncated, _ = env.step(byte_messages([str(g) for g in guesses], 4))
         returns += np.where(ended, 0.0, rewards)
         for i, g in enumerate(guesses):
             if g < targets[i]:
@@ -57,7 +47,7 @@ def test_a_users_multi_turn_task_wins_with_binary_search_and_loses_otherwise():
     # Always "x": three "lower" replies, truncated at max_turns with nothing earned.
     env.reset(seed=1)
     for _ in range(3):
-        _, rewards, terminated, truncated, _ = env.step(messages(["x"] * 4, 4))
+        _, rewards, terminated, truncated, _ = env.step(byte_messages(["x"] * 4, 4))
         assert not rewards.any() and not terminated.any()
     assert truncated.all()
     assert "agent: x\nenv: lower" in env.finished_transcripts[-1][0]
@@ -72,7 +62,7 @@ def test_a_task_may_start_with_chat_messages():
     assert BYTE_TOKENIZER.decode(obs[0][obs[0] != BYTE_TOKENIZER.pad_id][1:]) == (
         "Answer yes.\n\nReady?"
     )
-    _, rewards, *_ = env.step(messages(["yes", "no"], 4))
+    _, rewards, *_ = env.step(byte_messages(["yes", "no"], 4))
     assert rewards.tolist() == [1.0, 0.0]
 
 
@@ -90,23 +80,25 @@ def test_under_a_group_baseline_a_multi_turn_tasks_envs_run_in_rounds():
     targets = [task.target for task in env._tasks]
     assert targets[0] == targets[1] and targets[2] == targets[3]
     wrong = [str((t + 1) % 10) for t in targets]
-    _, rewards, terminated, truncated, info = env.step(messages([str(targets[0])] + wrong[1:], 4))
+    _, rewards, terminated, truncated, info = env.step(
+        byte_messages([str(targets[0])] + wrong[1:], 4)
+    )
     assert rewards.tolist() == [1, 0, 0, 0] and terminated.tolist() == [1, 0, 0, 0]
     assert info["agent_acted"].all()
     # Env 0 waits: its message is ignored, and it is not reset yet.
     _, rewards, terminated, truncated, info = env.step(
-        messages([str(targets[0]), str(targets[1]), wrong[2], wrong[3]], 4)
+        byte_messages([str(targets[0]), str(targets[1]), wrong[2], wrong[3]], 4)
     )
     assert info["agent_acted"].tolist() == [0, 1, 1, 1]
     assert rewards.tolist() == [0, 1, 0, 0] and terminated.tolist() == [0, 1, 0, 0]
     # The round's last step: envs 2, 3 truncated at 3 turns; then all start a new round.
-    _, rewards, terminated, truncated, info = env.step(messages(["x"] * 4, 4))
+    _, rewards, terminated, truncated, info = env.step(byte_messages(["x"] * 4, 4))
     assert info["agent_acted"].tolist() == [0, 0, 1, 1]
     assert truncated.tolist() == [0, 0, 1, 1] and not terminated.any()
     assert [len(turns) for turns in env._turns] == [0] * 4
     new_targets = [task.target for task in env._tasks]
     assert new_targets[0] == new_targets[1] and new_targets[2] == new_targets[3]
-    _, _, _, _, info = env.step(messages(["x"] * 4, 4))
+    _, _, _, _, info = env.step(byte_messages(["x"] * 4, 4))
     assert info["agent_acted"].all()
 
 
@@ -128,17 +120,10 @@ def test_a_multi_turn_task_trains_with_a_group_baseline_and_reconciles(tmp_path)
             "num_minibatches": 1,
         },
         "network": {"language_model": {"size": "tiny"}},
-        "run": {"total_env_steps": 96, "name": "run"},
+        "run": {"total_env_steps": 96},
     }
-    (tmp_path / "config.yaml").write_text(json.dumps(config))
-    result = run_command(
-        agentenv_command("train", "config.yaml"),
-        timeout=600,
-        cwd=tmp_path,
-        extra_env={"PYTHONPATH": str(Path(__file__).parent)},
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
-    summary = json.loads((tmp_path / "runs" / "run" / "summary.json").read_text())
+    _, run = train_in_folder(tmp_path, config)
+    summary = json.loads((run / "summary.json").read_text())
     for accounting in ("accounting", "token_accounting", "episode_accounting"):
         assert summary[accounting]["reconciles"], summary[accounting]
     # Waiting steps are padding: fewer messages trained than steps taken, and every episode
@@ -174,17 +159,10 @@ def test_a_users_task_trains_in_one_process(tmp_path):
         },
         "algorithm": {"name": "ppo", "rollout_length": 4, "num_minibatches": 1},
         "network": {"language_model": {"size": "tiny"}},
-        "run": {"total_env_steps": 64, "name": "run"},
+        "run": {"total_env_steps": 64},
     }
-    (tmp_path / "config.yaml").write_text(json.dumps(config))
-    result = run_command(
-        agentenv_command("train", "config.yaml"),
-        timeout=600,
-        cwd=tmp_path,
-        extra_env={"PYTHONPATH": str(Path(__file__).parent)},
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
-    summary = json.loads((tmp_path / "runs" / "run" / "summary.json").read_text())
+    _, run = train_in_folder(tmp_path, config)
+    summary = json.loads((run / "summary.json").read_text())
     assert summary["updates"] == 2
     for accounting in ("accounting", "token_accounting", "episode_accounting"):
         assert summary[accounting]["reconciles"], summary[accounting]

@@ -11,7 +11,6 @@ import json
 import math
 import textwrap
 import threading
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -24,7 +23,7 @@ from agentenv_jax.envs.text.rewards import (
     score_completions,
 )
 
-from conftest import agentenv_command, require_reference, run_command
+from conftest import require_reference, train_in_folder
 
 # What a recording reward function saw, per call: {"style", "kwargs"}.
 CALLS: list[dict] = []
@@ -402,17 +401,10 @@ def test_a_training_run_logs_each_reward_function_per_update(tmp_path):
         },
         "algorithm": {"name": "ppo", "rollout_length": 4, "num_minibatches": 1},
         "network": {"language_model": {"size": "tiny"}},
-        "run": {"total_env_steps": 96, "name": "run"},
+        "run": {"total_env_steps": 96},
     }
-    (tmp_path / "config.yaml").write_text(json.dumps(config))
-    result = run_command(
-        agentenv_command("train", "config.yaml"),
-        timeout=600,
-        cwd=tmp_path,
-        extra_env={"PYTHONPATH": str(Path(__file__).parent)},
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
-    metrics = (tmp_path / "runs" / "run" / "metrics.jsonl").read_text().splitlines()
+    result, run = train_in_folder(tmp_path, config)
+    metrics = (run / "metrics.jsonl").read_text().splitlines()
     records = [json.loads(line) for line in metrics]
     assert len(records) == 3  # 96 steps of 8 envs x 4 steps
     failures = 0

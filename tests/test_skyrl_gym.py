@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 
 from agentenv_jax.envs.spaces import EnvError
-from agentenv_jax.envs.text import BYTE_TOKENIZER, is_text_env, make_text_vector_env
+from agentenv_jax.envs.text import is_text_env, make_text_vector_env
 
-from conftest import require_reference
+from conftest import byte_messages, require_reference
 
 require_reference("skyrl_gym")
 
@@ -35,15 +35,6 @@ def write_rows(path, env_class=None):
     return path
 
 
-def messages(texts, length=16):
-    actions = np.full((len(texts), length), BYTE_TOKENIZER.pad_id, np.int32)
-    for i, text in enumerate(texts):
-        ids = BYTE_TOKENIZER.encode(text)
-        actions[i, : len(ids)] = ids
-        actions[i, len(ids)] = BYTE_TOKENIZER.eos_id
-    return actions
-
-
 def answers(env, right: bool) -> list[str]:
     out = []
     for task in env._tasks:
@@ -60,9 +51,9 @@ def test_skyrl_gym_gsm8k_scores_a_right_and_a_wrong_answer(tmp_path):
     )
     obs, _ = env.reset(seed=0)
     assert env.max_turns == 1
-    _, rewards, terminated, _, info = env.step(messages(answers(env, right=True)))
+    _, rewards, terminated, _, info = env.step(byte_messages(answers(env, right=True)))
     assert rewards.tolist() == [1.0] * 4 and terminated.all() and info["success"].all()
-    _, rewards, terminated, _, info = env.step(messages(answers(env, right=False)))
+    _, rewards, terminated, _, info = env.step(byte_messages(answers(env, right=False)))
     assert rewards.tolist() == [0.0] * 4 and terminated.all() and not info["success"].any()
 
 
@@ -78,14 +69,16 @@ def test_skyrl_gym_multi_turn_gsm8k_gives_per_turn_rewards_and_its_own_turns(tmp
     assert env.max_turns == 5  # the env's own default, from the row's env_class
     # Two well-formatted wrong answers (0.2 / 5 each), then the right one (1.0).
     for turn in range(3):
-        _, rewards, terminated, truncated, _ = env.step(messages(answers(env, right=turn == 2)))
+        _, rewards, terminated, truncated, _ = env.step(
+            byte_messages(answers(env, right=turn == 2))
+        )
         if turn < 2:
             assert np.allclose(rewards, 0.04) and not terminated.any()
     assert rewards.tolist() == [1.0, 1.0] and terminated.all()
     assert "env: Please provide your step-by-step reasoning" in env.finished_transcripts[-1][0]
     # Never right: truncated by the env itself at its 5 turns, with no success.
     for _ in range(5):
-        _, rewards, terminated, truncated, info = env.step(messages(["no answer"] * 2))
+        _, rewards, terminated, truncated, info = env.step(byte_messages(["no answer"] * 2))
     assert terminated.all() and not info["success"].any() and not rewards.any()
 
 

@@ -13,23 +13,18 @@ import pytest
 
 from agentenv_jax.config import load_config
 from agentenv_jax.envs.spaces import EnvError
-from agentenv_jax.envs.text import BYTE_TOKENIZER, is_text_env, make_text_vector_env
+from agentenv_jax.envs.text import is_text_env, make_text_vector_env
 from agentenv_jax.runtime.roles import check_group_baseline
 
-from conftest import agentenv_command, require_reference, run_command
+from conftest import (
+    byte_messages,
+    require_reference,
+    train_in_folder,
+)
 
 require_reference("textarena")
 
 LENGTHS = {"context_length": 2048, "response_length": 16}
-
-
-def messages(texts, length=16):
-    actions = np.full((len(texts), length), BYTE_TOKENIZER.pad_id, np.int32)
-    for i, text in enumerate(texts):
-        ids = BYTE_TOKENIZER.encode(text)
-        actions[i, : len(ids)] = ids
-        actions[i, len(ids)] = BYTE_TOKENIZER.eos_id
-    return actions
 
 
 def test_guess_the_number_binary_search_wins_and_repeating_a_guess_loses():
@@ -42,7 +37,7 @@ def test_guess_the_number_binary_search_wins_and_repeating_a_guess_loses():
     for _ in range(10):
         guesses = (low + high) // 2
         targets = [task.env.game_number for task in env._tasks]
-        _, rewards, terminated, truncated, _ = env.step(messages([f"[{g}]" for g in guesses]))
+        _, rewards, terminated, truncated, _ = env.step(byte_messages([f"[{g}]" for g in guesses]))
         returns += np.where(ended, 0.0, rewards)
         ended |= terminated | truncated
         for i, (g, target) in enumerate(zip(guesses, targets, strict=True)):
@@ -57,7 +52,7 @@ def test_guess_the_number_binary_search_wins_and_repeating_a_guess_loses():
     # with less than a win.
     env.reset(seed=1)
     for _ in range(3):
-        _, rewards, terminated, _, info = env.step(messages(["[1]", "[1]"]))
+        _, rewards, terminated, _, info = env.step(byte_messages(["[1]", "[1]"]))
     assert terminated.all() and not info["success"].any() and (rewards < 1).all()
 
 
@@ -75,11 +70,11 @@ def test_tower_of_hanoi_solved_by_its_moves_and_lost_by_a_wrong_one():
 
     solve(disks, "A", "C", "B")
     for move in moves:
-        _, rewards, terminated, _, _ = env.step(messages([move]))
+        _, rewards, terminated, _, _ = env.step(byte_messages([move]))
     assert terminated.all() and rewards.tolist() == [1.0]
     env.reset(seed=0)
     for _ in range(2):  # from an empty tower; the game forgives one invalid move
-        _, rewards, terminated, _, info = env.step(messages(["[C A]"]))
+        _, rewards, terminated, _, info = env.step(byte_messages(["[C A]"]))
     assert terminated.all() and not info["success"].any() and rewards.tolist() == [0.0]
 
 
@@ -109,7 +104,7 @@ def play(env, moves_0, moves_1):
             break
         move = seat_moves[turn // 2]
         texts = [move, move, "idle", "idle"] if turn % 2 == 0 else ["idle", "idle", move, move]
-        steps.append(env.step(messages(texts)))
+        steps.append(env.step(byte_messages(texts)))
     return steps
 
 
@@ -173,7 +168,7 @@ def test_a_game_past_max_turns_moves_ends_as_a_draw_and_rounds_wait_for_every_ga
     env.reset(seed=0)
     steps = play(env, ["[0]", "[1]", "[2]"], ["[3]", "[4]"])
     assert steps[-1][2].all()
-    _, _, terminated, truncated, info = env.step(messages(["idle"] * 4))
+    _, _, terminated, truncated, info = env.step(byte_messages(["idle"] * 4))
     assert not info["agent_acted"].any() and not (terminated | truncated).any()
     assert [len(turns) for turns in env._turns] == [0] * 4  # the next round began
 
@@ -209,12 +204,9 @@ def test_tictactoe_self_play_trains_in_one_process_and_reconciles(tmp_path):
             "num_minibatches": 1,
         },
         "network": {"language_model": {"size": "tiny"}},
-        "run": {"total_env_steps": 72, "name": "run"},
+        "run": {"total_env_steps": 72},
     }
-    (tmp_path / "config.yaml").write_text(json.dumps(config))
-    result = run_command(agentenv_command("train", "config.yaml"), timeout=600, cwd=tmp_path)
-    assert result.returncode == 0, result.stderr[-3000:]
-    run = tmp_path / "runs" / "run"
+    _, run = train_in_folder(tmp_path, config)
     summary = json.loads((run / "summary.json").read_text())
     for accounting in ("accounting", "token_accounting", "episode_accounting"):
         assert summary[accounting]["reconciles"], summary[accounting]
