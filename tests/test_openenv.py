@@ -251,7 +251,7 @@ def test_a_server_that_is_down_is_an_env_error_naming_its_url():
         ({"target": "no_such_module_xyz:Env"}, r"target = .*cannot import module 'no_such_mod"),
         ({"target": f"{MODULE}:NoSuchEnv"}, rf"target = .*module '{MODULE}' has no 'NoSuchEnv'"),
         ({"target": f"{MODULE}:GuessAction"}, r"target = .* is not an openenv Environment"),
-        ({"target": "GuessFruitEnvironment"}, r"target = .*expected .* package\.module:Name"),
+        ({"target": "GuessFruitEnvironment"}, r"target = .*expected .* package\.module:name"),
         (
             {"target": TARGET, "action_class": f"{MODULE}:NumberAction"},
             r"message_field is not set and the action class .*NumberAction has 0 str fields",

@@ -308,8 +308,8 @@ def test_failing_reward_functions_are_counted_and_the_row_gets_the_configured_re
     ("entries", "message"),
     [
         (["acuracy"], r"rewards\[0\]\.function = 'acuracy' is not a built-in reward \(did you "),
-        (["no_such_module_xyz:fn"], r"importing 'no_such_module_xyz' failed: ModuleNotFound"),
-        ([f"{__name__}:missing"], r"has no callable 'missing'"),
+        (["no_such_module_xyz:fn"], r"cannot import module 'no_such_module_xyz' \(ModuleNotFound"),
+        ([f"{__name__}:missing"], r"has no 'missing'"),
         ([f"{__name__}:wrong_signature"], r"takes \(text, gold\); a reward function takes TRL"),
         ([{"function": "accuracy", "weigth": 2}], r"rewards\[0\]\.weigth is not a key .*weight"),
         ([{"function": "format"}], r"rewards\[0\]\.kwargs\.pattern = None"),

@@ -13,7 +13,6 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import functools
-import importlib
 from collections.abc import Callable
 from typing import Any
 
@@ -22,6 +21,7 @@ from gymnasium.vector import AutoresetMode
 
 from agentenv_jax.config.schema import CriticInput, EnvConfig
 from agentenv_jax.envs.faults import RecreateOnFault
+from agentenv_jax.envs.import_path import import_object
 from agentenv_jax.envs.multi_agent.columns import AgentColumns
 from agentenv_jax.envs.multi_agent.registry import (
     close_built_in_id,
@@ -71,16 +71,9 @@ def _resolve_unwrapped(config: EnvConfig) -> Callable[[], gym.Env]:
     if config.max_episode_steps is not None:
         kwargs["max_episode_steps"] = config.max_episode_steps
     if ":" in env_id and env_id not in gym.registry:
-        module_name, _, attr = env_id.partition(":")
-        try:
-            module = importlib.import_module(module_name)
-        except ImportError as err:
-            raise EnvError(
-                f"env.id = {env_id!r}: cannot import module {module_name!r} ({err})"
-            ) from None
-        factory = getattr(module, attr, None)
+        factory = import_object(env_id, "env.id", "an env factory")
         if not callable(factory):
-            raise EnvError(f"env.id = {env_id!r}: module {module_name!r} has no callable {attr!r}")
+            raise EnvError(f"env.id = {env_id!r}: {factory!r} is not callable")
         max_steps = kwargs.pop("max_episode_steps", None)
 
         def make_from_entry_point() -> gym.Env:

@@ -37,7 +37,6 @@ an in-process env's own `step` or `reset` is a bug in code running here, and pro
 
 from __future__ import annotations
 
-import importlib
 import inspect
 import json
 import math
@@ -52,6 +51,7 @@ from typing import Any
 
 import numpy as np
 
+from agentenv_jax.envs.import_path import import_object
 from agentenv_jax.envs.spaces import EnvError
 from agentenv_jax.envs.text.tasks import TaskReply, require_int
 
@@ -74,26 +74,9 @@ def import_openenv() -> types.ModuleType:
     return openenv.core
 
 
-def _import(path: Any, field: str, what: str) -> Any:
-    """The object `path` (`package.module:Name`) names; `EnvError` naming `field` otherwise."""
-    module_name, _, name = str(path).partition(":")
-    if not isinstance(path, str) or not module_name or not name:
-        raise EnvError(f"{field} = {path!r}: expected {what} as package.module:Name")
-    try:
-        module = importlib.import_module(module_name)
-    except Exception as err:
-        raise EnvError(
-            f"{field} = {path!r}: cannot import module {module_name!r} ({type(err).__name__}: "
-            f"{err})"
-        ) from None
-    if not hasattr(module, name):
-        raise EnvError(f"{field} = {path!r}: module {module_name!r} has no {name!r}")
-    return getattr(module, name)
-
-
 def _subclass(path: Any, field: str, base: type, what: str) -> type:
     """The class `path` names, checked to subclass `base`."""
-    found = _import(path, field, what)
+    found = import_object(path, field, what)
     if not isinstance(found, type) or not issubclass(found, base):
         raise EnvError(f"{field} = {path!r}: {found!r} is not {what}")
     return found

@@ -26,13 +26,13 @@ import copy
 import dataclasses
 import difflib
 import functools
-import importlib
 import inspect
 from collections.abc import Callable
 from typing import Any
 
 import gymnasium as gym
 
+from agentenv_jax.envs.import_path import import_object
 from agentenv_jax.envs.spaces import EnvError
 from agentenv_jax.envs.text.dataset_tasks import DatasetTask
 from agentenv_jax.envs.text.openenv_tasks import OpenEnvTask
@@ -85,15 +85,7 @@ def user_task_class(env_id: str) -> type | None:
     module is imported: an import that fails is an `EnvError`."""
     if ":" not in env_id or env_id.startswith(_PREFIXES):
         return None
-    module_name, _, attr = env_id.partition(":")
-    try:
-        module = importlib.import_module(module_name)
-    except Exception as err:
-        raise EnvError(
-            f"env.id = {env_id!r}: cannot import module {module_name!r} "
-            f"({type(err).__name__}: {err})"
-        ) from None
-    target = getattr(module, attr, None)
+    target = import_object(env_id, "env.id", "a task class or env factory", missing_ok=True)
     if not isinstance(target, type) or issubclass(target, gym.Env):
         return None
     if callable(getattr(target, "reply", None)) and callable(getattr(target, "reset", None)):

@@ -26,20 +26,17 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import difflib
-import importlib
-import importlib.util
 import inspect
 import math
 import re
-import sys
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from agentenv_jax.envs.import_path import import_object
 from agentenv_jax.envs.spaces import EnvError
 from agentenv_jax.envs.text.tasks import ANSWER_FORMATS, answer_text, parse_number
 from agentenv_jax.envs.text.verification import numbers_match
@@ -177,35 +174,12 @@ BUILT_IN_REWARDS: dict[str, Callable[..., list[float | None]]] = {
 def import_callable(path: str, field: str) -> Callable[..., Any]:
     """The callable `path` names: `package.module:name`, `package.module.name`, or a Python
     file and a name, `path/to/file.py:name` (as verl's `custom_reward_function.path`)."""
-    if ":" in path:
-        module_name, _, attr = path.rpartition(":")
-    else:
+    if ":" not in path:
         module_name, _, attr = path.rpartition(".")
-    if not module_name or not attr:
-        raise EnvError(
-            f"{field} = {path!r}: expected 'package.module:function' or 'file.py:function'"
-        )
-    try:
-        if module_name.endswith(".py"):
-            file = Path(module_name).expanduser()
-            if not file.is_file():
-                raise EnvError(f"{field} = {path!r}: no such file {str(file)!r}")
-            spec = importlib.util.spec_from_file_location(f"agentenv_reward_{file.stem}", file)
-            assert spec is not None and spec.loader is not None
-            module = importlib.util.module_from_spec(spec)
-            sys.modules[spec.name] = module
-            spec.loader.exec_module(module)
-        else:
-            module = importlib.import_module(module_name)
-    except EnvError:
-        raise
-    except Exception as err:
-        raise EnvError(
-            f"{field} = {path!r}: importing {module_name!r} failed: {type(err).__name__}: {err}"
-        ) from None
-    function = getattr(module, attr, None)
+        path = f"{module_name}:{attr}"
+    function = import_object(path, field, "a function")
     if not callable(function):
-        raise EnvError(f"{field} = {path!r}: {module_name!r} has no callable {attr!r}")
+        raise EnvError(f"{field} = {path!r}: {function!r} is not callable")
     return function
 
 
