@@ -13,11 +13,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from agentenv_jax.config import load_config
 from agentenv_jax.envs.spaces import EnvError
 from agentenv_jax.envs.text import BYTE_TOKENIZER, make_text_vector_env
 from agentenv_jax.envs.text.dataset_tasks import DatasetTask
 from agentenv_jax.envs.text.datasets import open_rows
 from agentenv_jax.envs.text.tasks import question_split
+from agentenv_jax.workflow.evaluation import with_split
 
 from conftest import require_reference
 
@@ -144,6 +146,24 @@ def test_the_held_out_split_shares_no_prompt_text_with_training(tmp_path):
     assert DatasetTask(str(path), test_path=str(test_file)).reset(np.random.default_rng(0)) in {
         r["prompt"] for r in ROWS
     }
+
+
+@pytest.mark.slow
+def test_eval_split_test_draws_the_held_out_prompts_only(tmp_path):
+    path = write_jsonl(tmp_path / "rows.jsonl", ROWS)
+    config = load_config(
+        None,
+        [
+            "env.id=agentenv_jax/Dataset-v0",
+            f"env.kwargs={{path: {path}, test_fraction: 0.25, context_length: 64}}",
+        ],
+    )
+    held_out = with_split(config, "test")
+    assert held_out.env.kwargs["split"] == "test"
+    env = make_text_vector_env(held_out.env.id, 8, held_out.env.kwargs)
+    env.reset(seed=0)
+    prompts = {env.transcript(i) for i in range(8)}
+    assert all(question_split(p, 0.25) == "test" for p in prompts)
 
 
 @pytest.mark.slow

@@ -97,8 +97,9 @@ def test_eval_video_of_a_multi_agent_run_is_refused(tmp_path, capsys):
 
 
 def test_eval_split_of_a_task_without_splits_is_refused_before_anything_loads(tmp_path):
-    """Only reasoning-gym tasks have a held-out split; the refusal comes before any checkpoint
-    is read (this run folder has none)."""
+    """Only text tasks with a held-out split (reasoning-gym's, dataset files', skyrl-gym's)
+    take --split; the refusal comes before any checkpoint is read (this run folder has
+    none)."""
     (tmp_path / "config.yaml").write_text((EXPERIMENTS / "arithmetic_ppo.yaml").read_text())
     with pytest.raises(ConfigError, match=r"--split is for text tasks with a held-out split"):
         evaluate(tmp_path, episodes=1, split="test")

@@ -41,7 +41,7 @@ from agentenv_jax.envs.factory import (
 )
 from agentenv_jax.envs.multi_agent.registry import is_multi_agent
 from agentenv_jax.envs.text.reasoning_gym_tasks import TASK_SPLITS
-from agentenv_jax.envs.text.registry import REASONING_GYM_PREFIX, is_text_env
+from agentenv_jax.envs.text.registry import has_splits, is_text_env
 from agentenv_jax.envs.text.vector_env import FINISHED_TRANSCRIPTS
 from agentenv_jax.metrics.compilation import use_persistent_cache
 
@@ -256,13 +256,13 @@ def _not_a_run_dir(folder: Path, examples: int = 2) -> str:
     return f"{head}; evaluate one of them: {listed}{more}"
 
 
-def _with_split(config: ExperimentConfig, split: str) -> ExperimentConfig:
+def with_split(config: ExperimentConfig, split: str) -> ExperimentConfig:
     """`config` with its text task drawing the problems of `split`; `ConfigError` where the
     task has no splits or `split` is not one."""
-    if not config.env.id.startswith(REASONING_GYM_PREFIX):
+    if not is_text_env(config.env.id) or not has_splits(config.env.id):
         raise ConfigError(
-            f"--split is for text tasks with a held-out split ({REASONING_GYM_PREFIX}<dataset>); "
-            f"env.id = {config.env.id!r} has none"
+            "--split is for text tasks with a held-out split (reasoning_gym/<dataset>, "
+            f"agentenv_jax/Dataset-v0, skyrl_gym/<env>); env.id = {config.env.id!r} has none"
         )
     if split not in TASK_SPLITS:
         raise ConfigError(
@@ -287,8 +287,8 @@ def evaluate(
     record each as `eval-update<K>-episode-<i>.mp4` there. On a text env, `pass_at` = k
     answers each of the `episodes` problems k times, sampled (temperature 1), and reports
     pass@k beside the accuracy over all the answers. `split` ("train" or "test") chooses the
-    problems of a task that has a held-out split (`reasoning_gym/<dataset>`; default: the
-    run's own)."""
+    problems of a task that has a held-out split (`reasoning_gym/<dataset>`,
+    `agentenv_jax/Dataset-v0`, `skyrl_gym/<env>`; default: the run's own)."""
     if episodes < 1:
         raise ConfigError(f"episodes = {episodes!r} is not allowed: expected an integer >= 1")
     if pass_at is not None and not 1 <= pass_at <= FINISHED_TRANSCRIPTS:
@@ -305,7 +305,7 @@ def evaluate(
     if pass_at is not None and not is_text_env(config.env.id):
         raise ConfigError(f"--pass-at is for text envs; env.id = {config.env.id!r} is not one")
     if split is not None:
-        config = _with_split(config, split)
+        config = with_split(config, split)
     use_persistent_cache(config.run.compilation_cache, config.run.compilation_cache_dir)
     step, state, meta = restore_kept(run_dir, config.checkpoint.keep, checkpoint)
 

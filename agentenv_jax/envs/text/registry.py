@@ -101,6 +101,19 @@ def is_text_env(env_id: str) -> bool:
     )
 
 
+def has_splits(env_id: str) -> bool:
+    """Whether the text env `env_id` draws its problems from a train or a test side (its
+    task takes `split`: reasoning-gym's, dataset files', skyrl-gym's, or a user's task)."""
+    if env_id.startswith(REASONING_GYM_PREFIX):
+        return True
+    task = next((task for prefix, task in _PREFIX_TASKS.items() if env_id.startswith(prefix)), None)
+    if task is None and env_id in _BUILT_IN:
+        task = TEXT_ENV_IDS[env_id].task
+    if task is None and ":" in env_id:
+        task = user_task_class(env_id)
+    return task is not None and "split" in inspect.signature(task).parameters
+
+
 def close_text_env_id(env_id: str) -> str | None:
     """The built-in text env id `env_id` was probably meant to be, if any."""
     close = difflib.get_close_matches(env_id, _BUILT_IN, n=1, cutoff=0.75)
