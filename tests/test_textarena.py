@@ -15,6 +15,7 @@ from agentenv_jax.config import load_config
 from agentenv_jax.envs.spaces import EnvError
 from agentenv_jax.envs.text import is_text_env, make_text_vector_env
 from agentenv_jax.runtime.roles import check_group_baseline
+from agentenv_jax.workflow.text_dialogues import sample_dialogues
 
 from conftest import (
     byte_messages,
@@ -185,6 +186,23 @@ def test_self_play_is_refused_with_gae_and_with_envs_that_do_not_fill_its_games(
     env = make_text_vector_env("textarena/TicTacToe-v0", 4, LENGTHS)
     with pytest.raises(EnvError, match=r"needs algorithm\.advantage = 'group' or 'rloo'"):
         check_group_baseline(load_config(tmp_path / "config.yaml"), env)
+
+
+def test_dialogues_of_a_self_play_game_come_from_whole_games():
+    """`agentenv eval`'s dialogues: an odd number of episodes still makes whole games (two
+    envs each), and each seat's messages are its own turns."""
+    config = load_config(
+        None,
+        [
+            "env.id=textarena/TicTacToe-v0",
+            "env.kwargs={context_length: 512, response_length: 4}",
+            "network.language_model.size=tiny",
+        ],
+    )
+    sample = sample_dialogues(config, num_episodes=3, seed=0)
+    assert len(sample.transcripts) == 3
+    assert all(r in (-1.0, 0.0, 1.0) for r in sample.returns)
+    assert all("Tic Tac Toe" in t for t in sample.transcripts)
 
 
 @pytest.mark.slow

@@ -153,9 +153,11 @@ def _first_episodes(
     lengths = np.zeros(env.num_envs, np.int64)
     while running.any():
         obs, _, terminated, truncated, info = env.step(act(obs))
-        lengths[running] += 1
-        tokens += int(info["response_tokens"][running].sum())
-        messages += int(running.sum())
+        # A seat of a game takes messages on its turns only (the others are padding).
+        moved = running & info.get("agent_acted", True) & (info["response_tokens"] > 0)
+        lengths[moved] += 1
+        tokens += int(info["response_tokens"][moved].sum())
+        messages += int(moved.sum())
         ended = np.flatnonzero(terminated | truncated)
         # This step's ended episodes, in env order, are the newest the env keeps.
         kept = list(env.finished_transcripts)
@@ -210,6 +212,7 @@ def sample_dialogues(
 
     from agentenv_jax.envs.factory import EVAL_SEED_BASE
     from agentenv_jax.envs.text import make_text_vector_env
+    from agentenv_jax.envs.text.registry import text_env_seats
     from agentenv_jax.envs.text.vector_env import FINISHED_TRANSCRIPTS
     from agentenv_jax.networks.text_models import text_generate, text_tokenizer
 
@@ -221,10 +224,12 @@ def sample_dialogues(
             f"env.kwargs.group_size = {group_size}: sample_dialogues steps at most "
             f"{FINISHED_TRANSCRIPTS} envs together (a whole group at a time)"
         )
-    # A whole number of groups, as `TextVectorEnv` requires, and no more envs than it keeps
-    # transcripts of (a step's ended episodes are read from `finished_transcripts`).
-    wanted = -(-min(num_episodes, FINISHED_TRANSCRIPTS) // group_size) * group_size
-    batch = min(wanted, FINISHED_TRANSCRIPTS // group_size * group_size)
+    # A whole number of groups (of whole games: a two-player game's seats are two envs), as
+    # `TextVectorEnv` requires, and no more envs than it keeps transcripts of (a step's ended
+    # episodes are read from `finished_transcripts`).
+    unit = group_size * text_env_seats(config.env.id)
+    wanted = -(-min(num_episodes, FINISHED_TRANSCRIPTS) // unit) * unit
+    batch = min(wanted, FINISHED_TRANSCRIPTS // unit * unit)
     cpu = jax.devices("cpu")[0]
     tokenizer = text_tokenizer(config.network.language_model)
     env = make_text_vector_env(config.env.id, batch, config.env.kwargs, tokenizer)

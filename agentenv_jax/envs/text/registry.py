@@ -114,6 +114,16 @@ def has_splits(env_id: str) -> bool:
     return task is not None and "split" in inspect.signature(task).parameters
 
 
+def text_env_seats(env_id: str) -> int:
+    """Envs a game of `env_id` takes (`TextTask.seats`: 2 for a two-player TextArena game in
+    self-play), 1 for every other task; vector envs of it hold whole games."""
+    if env_id.startswith(TEXTARENA_PREFIX):
+        return int(getattr(textarena_task(env_id.removeprefix(TEXTARENA_PREFIX)), "seats", 1))
+    if ":" in env_id and not env_id.startswith(_PREFIXES):
+        return int(getattr(user_task_class(env_id), "seats", 1))
+    return 1
+
+
 def close_text_env_id(env_id: str) -> str | None:
     """The built-in text env id `env_id` was probably meant to be, if any."""
     close = difflib.get_close_matches(env_id, _BUILT_IN, n=1, cutoff=0.75)
