@@ -89,9 +89,10 @@ class SkyRLGymTask:
         from omegaconf import OmegaConf
 
         env_class = row.get("env_class") or self.env_name
-        _check_env_name(
-            skyrl_gym, str(env_class), f"{self.data.rows.path}: row {index}'s env_class"
-        )
+        if env_class != self.env_name:  # the id's own env was checked once, at start-up
+            _check_env_name(
+                skyrl_gym, str(env_class), f"{self.data.rows.path}: row {index}'s env_class"
+            )
         extras = {k: v for k, v in row.items() if k not in _ROW_KEYS_NOT_EXTRAS}
         try:
             return skyrl_gym.make(
