@@ -190,3 +190,26 @@ def test_the_update_on_trimmed_messages_is_the_update_on_whole_ones(model, loss)
         jax.tree.leaves(trimmed_state.params), jax.tree.leaves(whole_state.params), strict=True
     ):
         np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6)
+
+
+@pytest.mark.slow  # compiles generation twice: ~5 s
+def test_a_frozen_opponent_plays_with_the_first_parameters_the_policy_was_given():
+    lm, params = _from_scratch()
+    text = TextSpec(VOCAB, CONTEXT, RESPONSE, PAD, BOS, EOS)
+    layout = FlatLayout(lm.param_shapes())
+    first = np.asarray(layout.ravel(params))
+    later = first + np.random.default_rng(0).normal(0, 1.0, first.shape).astype(np.float32)
+    obs = _rollout(lm, params)["obs"][0]
+    rows = np.array([1, 3])
+
+    def opponent_moves(*loads):
+        policy = TextPolicy(lm, layout.unravel, text, 3, 0, B)
+        move = policy.frozen_opponent()
+        for flat in loads:
+            policy.set_params(flat)
+        return move(obs[rows], rows)
+
+    kept = opponent_moves(first, later)
+    assert kept.shape == (2, RESPONSE)
+    np.testing.assert_array_equal(kept, opponent_moves(first))
+    assert (kept != opponent_moves(later)).any()

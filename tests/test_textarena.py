@@ -14,7 +14,7 @@ import pytest
 from agentenv_jax.config import load_config
 from agentenv_jax.envs.spaces import EnvError
 from agentenv_jax.envs.text import is_text_env, make_text_vector_env
-from agentenv_jax.runtime.roles import check_group_baseline
+from agentenv_jax.runtime.roles import check_frozen_opponent, check_group_baseline
 from agentenv_jax.workflow.text_dialogues import sample_dialogues
 
 from conftest import (
@@ -174,6 +174,62 @@ def test_a_game_past_max_turns_moves_ends_as_a_draw_and_rounds_wait_for_every_ga
     assert [len(turns) for turns in env._turns] == [0] * 4  # the next round began
 
 
+def test_a_frozen_opponent_plays_the_other_seat_and_the_seats_alternate_between_games():
+    env = tictactoe(opponent="initial")
+    assert env.needs_frozen_opponent
+    env.reset(seed=0)
+    with pytest.raises(EnvError, match="none was given to play its seat"):
+        env.step(byte_messages(["idle"] * 4))
+    env = tictactoe(opponent="initial")
+    env.reset(seed=0)
+    calls = []
+
+    def opponent(obs, rows):
+        calls.append((rows.tolist(), [env.tokenizer.decode(o) for o in obs]))
+        move = ["[0]", "[1]", "[2]"][len(calls) - 1]
+        return byte_messages([move] * rows.size)
+
+    env.frozen_opponent = opponent
+    # The first game: the policy plays seat 1 (envs 2 and 3), the opponent seat 0, moving
+    # first; the policy's own messages for envs 0 and 1 are ignored.
+    steps = [env.step(byte_messages(["[8]", "[8]", m, m])) for m in ("idle", "[3]", "idle")]
+    steps += [env.step(byte_messages(["[8]", "[8]", "[4]", "[4]"]))]
+    steps += [env.step(byte_messages(["[8]"] * 4))]
+    assert [rows for rows, _ in calls] == [[0, 1]] * 3
+    assert "You are Player 0" in calls[0][1][0]
+    for _, _, _, _, info in steps:
+        assert info["opponent_played"].tolist() == [True, True, False, False]
+        assert not info["agent_acted"][:2].any()  # the opponent's seat is padding
+    # Moves alternate: the policy's seat acts on steps 2 and 4 only.
+    assert [info["agent_acted"][2:].all() for *_, info in steps] == [0, 1, 0, 1, 1]
+    _, rewards, terminated, _, info = steps[-1]
+    assert terminated.all() and rewards.tolist() == [1, 1, -1, -1]  # the opponent's top row
+    assert not info["final_info"]["success"][2:].any()
+    # The next game swaps the seats: the policy moves first, as seat 0.
+    _, _, _, _, info = env.step(byte_messages(["[4]", "[4]", "[8]", "[8]"]))
+    assert info["opponent_played"].tolist() == [False, False, True, True]
+    assert info["agent_acted"].tolist() == [True, True, False, False]
+    assert "agent: [4]" in env.transcript(0) and len(calls) == 3
+
+
+def test_frozen_opponents_refused_where_they_cannot_play(tmp_path):
+    with pytest.raises(EnvError, match=r"opponent = 'past': expected one of self, initial"):
+        tictactoe(opponent="past")
+    with pytest.raises(EnvError, match="single-player game, which has no opponent"):
+        make_text_vector_env("textarena/GuessTheNumber-v0", 2, LENGTHS | {"opponent": "initial"})
+    config = load_config(
+        None,
+        [
+            "env.id=textarena/TicTacToe-v0",
+            "env.kwargs={context_length: 512, response_length: 4, opponent: initial}",
+            "topology.inference=learner",
+        ],
+    )
+    env = make_text_vector_env(config.env.id, 4, config.env.kwargs)
+    with pytest.raises(EnvError, match=r"needs topology\.inference = 'env_ranks' \(got 'learner'"):
+        check_frozen_opponent(config, env)
+
+
 def test_self_play_is_refused_with_gae_and_with_envs_that_do_not_fill_its_games(tmp_path):
     with pytest.raises(EnvError, match=r"must be a multiple of 2 seats x .*group_size = 2"):
         make_text_vector_env("textarena/TicTacToe-v0", 6, LENGTHS | {"group_size": 2})
@@ -235,3 +291,48 @@ def test_tictactoe_self_play_trains_in_one_process_and_reconciles(tmp_path):
         # Zero-sum: the seats' mean returns are opposite (a random policy mostly loses on
         # invalid moves, which the game forgives once).
         assert record["reward/seat_0/mean"] == pytest.approx(-record["reward/seat_1/mean"])
+
+
+@pytest.mark.slow
+def test_tictactoe_against_a_frozen_opponent_trains_the_policy_seats_only(tmp_path):
+    """`opponent: initial`: the env rank plays one seat of each game with its first policy;
+    the learner gets the other seat's episodes only, and accuracy is the win rate."""
+    config = {
+        "env": {
+            "id": "textarena/TicTacToe-v0",
+            "kwargs": {
+                "max_turns": 9,
+                "context_length": 512,
+                "response_length": 4,
+                "opponent": "initial",
+            },
+            "global_num_envs": 8,
+        },
+        "algorithm": {
+            "name": "ppo",
+            "advantage": "group",
+            "group_size": 2,
+            "rollout_length": 9,
+            "num_minibatches": 1,
+        },
+        "network": {"language_model": {"size": "tiny"}},
+        "run": {"total_env_steps": 72},
+    }
+    _, run = train_in_folder(tmp_path, config)
+    summary = json.loads((run / "summary.json").read_text())
+    for accounting in ("accounting", "token_accounting", "episode_accounting"):
+        assert summary[accounting]["reconciles"], summary[accounting]
+    # Of 8 envs (4 games), the 4 seats the policy played each round.
+    assert summary["updates"] == 1
+    assert summary["episode_accounting"]["trained"] == 4 * summary["updates"]
+    records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert all(0 <= record["accuracy"] <= 1 for record in records)
+    # The policy's seat alternates from block to block (and game to game): each update has
+    # both seats' returns.
+    for record in records:
+        assert np.isfinite([record["reward/seat_0/mean"], record["reward/seat_1/mean"]]).all()
+    # agentenv eval's dialogues: the policy's seats only, against the untrained model.
+    loaded = load_config(run / "config.yaml")
+    sample = sample_dialogues(loaded, num_episodes=4, seed=0)
+    assert len(sample.transcripts) == 4
+    assert sum("You are Player 0" in t for t in sample.transcripts) == 2

@@ -298,7 +298,8 @@ class Actor:
                 if reward_terms:
                     fields["reward_terms"][t] = info["reward_terms"]
                     fields["reward_failed"][t] = info["reward_failed"]
-                ended = terminated | truncated
+                # Only the policy's episodes count (not a frozen opponent's seat).
+                ended = (terminated | truncated) & info.get(ACTED, True)
                 if ended.any():
                     fields["episode_success"][t] = np.where(ended, info["success"], np.nan)
             # (count_nonzero: a few times cheaper than `.any()` on [E] arrays, every step)

@@ -4,6 +4,9 @@ step (`networks.generation`), on an env rank's CPU or on the learner's devices.
 Sampling keys are per env row and call, `fold_in(fold_in(PRNGKey(seed), global env index),
 call)`, so what an env is answered does not depend on which rows share a batch: an env rank's
 own policy and the learner's central server (`learner.inference_server`) draw alike.
+
+The policy also plays a frozen opponent's seats (`frozen_opponent`): with the first parameters
+it was given, and keys of rows `OPPONENT_NOISE_ROW + global env index`.
 """
 
 from __future__ import annotations
@@ -20,6 +23,9 @@ from agentenv_jax.envs.spaces import TextSpec
 from agentenv_jax.envs.text.padding import context_length_needed
 from agentenv_jax.networks.language_model import LanguageModel
 from agentenv_jax.networks.text_models import text_generate
+
+# Where a frozen opponent's noise rows start: past every env index of a job.
+OPPONENT_NOISE_ROW = 1 << 30
 
 
 class TextPolicy:
@@ -44,6 +50,10 @@ class TextPolicy:
     ):
         self._device = device or jax.devices("cpu")[0]
         self._params: jax.Array | None = None
+        # The first parameters set, kept once a frozen opponent asks for them.
+        self._first_params: jax.Array | None = None
+        self._keeps_first = False
+        self._env_offset, self._num_envs = env_offset, num_envs
         self._own_noise = self.noise_source(env_offset, num_envs)
         # Contexts cut of their all-padding columns (each new length compiles `act` once).
         self._length_bucket, self._pad_id = length_bucket, text.pad_id
@@ -85,16 +95,46 @@ class TextPolicy:
 
     def set_params(self, flat_params: np.ndarray | jax.Array) -> None:
         self._params = flat_params_on(self._device, flat_params)
+        if self._keeps_first and self._first_params is None:
+            self._first_params = self._params
+
+    def frozen_opponent(self) -> Callable[[np.ndarray, np.ndarray], np.ndarray]:
+        """`(obs [n, L], env rows [n]) -> tokens [n, M]`: messages of this policy as it was at
+        its first `set_params` (on a fresh run, the untrained model), for the seats a frozen
+        opponent plays (`TextVectorEnv.frozen_opponent`). Rows are generated in batches of
+        half the rank's envs (a two-player game's one seat), or all of them, so that at most
+        two shapes compile."""
+        self._keeps_first = True
+        calls = [0]
+
+        def move(obs: np.ndarray, rows: np.ndarray) -> np.ndarray:
+            if self._first_params is None:
+                raise RuntimeError("TextPolicy.frozen_opponent called before set_params")
+            count = rows.size
+            half = max(self._num_envs // 2, 1)
+            size = half if count <= half else max(self._num_envs, count)
+            fill = np.resize(np.arange(count), size)  # the rows again, as padding
+            noise = np.stack(
+                [OPPONENT_NOISE_ROW + self._env_offset + rows[fill], np.full(size, calls[0])],
+                axis=1,
+            ).astype(np.int32)
+            calls[0] += 1
+            tokens, _, _ = self.act_with(obs[fill], noise, self._first_params)
+            return tokens[:count]
+
+        return move
 
     def act_with(
-        self, obs: np.ndarray, noise: np.ndarray
+        self, obs: np.ndarray, noise: np.ndarray, params: jax.Array | None = None
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Messages for `obs` with the rows' `noise`, by `params` (default: the current)."""
         if self._length_bucket:  # generate from the columns the contexts use
             obs = obs[
                 ..., obs.shape[-1] - context_length_needed(obs, self._pad_id, self._length_bucket) :
             ]
+        params = self._params if params is None else params
         tokens, log_probs, values = jax.device_get(
-            self._act(self._params, jnp.asarray(obs, jnp.int32), noise)
+            self._act(params, jnp.asarray(obs, jnp.int32), noise)
         )
         return tokens, log_probs, values
 

@@ -141,7 +141,8 @@ def _first_episodes(
     env: Any, act: Callable[[Any], Any], count: int, seed: int
 ) -> tuple[list[tuple[str, bool, float, int]], int, int]:
     """Reset `env` (a `TextVectorEnv`) with `seed` and step it with `act(obs [E, L]) ->
-    actions [E, M]` until envs `0..count - 1` have each ended an episode. Returns those first
+    actions [E, M]` until envs `0..count - 1` have each ended an episode of the policy's (a
+    seat a frozen opponent played is not one: its env's next game is). Returns those first
     episodes' `(transcript, success, return, messages)` in env order, and the tokens and
     messages they hold (tokens EOS included)."""
     import numpy as np
@@ -151,6 +152,7 @@ def _first_episodes(
     records: dict[int, tuple[str, bool, float, int]] = {}
     tokens, messages = 0, 0
     lengths = np.zeros(env.num_envs, np.int64)
+    ended_none = np.zeros(env.num_envs, bool)
     while running.any():
         obs, _, terminated, truncated, info = env.step(act(obs))
         # A seat of a game takes messages on its turns only (the others are padding).
@@ -164,7 +166,7 @@ def _first_episodes(
         for i, (transcript, success, episode_return) in zip(
             ended.tolist(), kept[len(kept) - ended.size :], strict=True
         ):
-            if running[i]:
+            if running[i] and not info.get("opponent_played", ended_none)[i]:
                 records[i] = (transcript, bool(success), float(episode_return), int(lengths[i]))
                 running[i] = False
     return [records[i] for i in range(count)], tokens, messages
@@ -250,6 +252,25 @@ def sample_dialogues(
                 context = jnp.asarray(obs, jnp.int32)
                 out = generate_fn(params, context, next(keys), temperature=temperature)
                 return np.asarray(out.tokens)
+
+            if env.needs_frozen_opponent:
+                # The other seat's player: the untrained model, as a fresh run's env ranks
+                # keep it; its own keys, its rows padded to the whole batch (one shape).
+                opponent = jax.device_put(_initial_params(config, lm), cpu)
+                opponent_keys = iter(
+                    jax.random.fold_in(jax.random.PRNGKey(seed + 1), call)
+                    for call in itertools.count()
+                )
+
+                def opponent_move(obs: np.ndarray, rows: np.ndarray) -> np.ndarray:
+                    fill = np.resize(np.arange(rows.size), env.num_envs)
+                    context = jnp.asarray(obs[fill], jnp.int32)
+                    out = generate_fn(
+                        opponent, context, next(opponent_keys), temperature=temperature
+                    )
+                    return np.asarray(out.tokens)[: rows.size]
+
+                env.frozen_opponent = opponent_move
 
             episodes: list[tuple[str, bool, float, int]] = []
             tokens, messages = 0, 0

@@ -18,8 +18,14 @@ takes a message only on its turn (its other steps are padding), hears the other 
 env turns before its next one, and its episode ends with the game: on its own move, or on a
 step without a message of its own that carries its reward (the game's: 1 win, -1 loss, 0 draw).
 The learner trains on every seat the policy played, and each seat's returns are logged per
-update as `reward/seat_0/mean` and `reward/seat_1/mean`. Playing one seat by a frozen earlier
-policy is not built yet.
+update as `reward/seat_0/mean` and `reward/seat_1/mean`.
+
+With `opponent: initial` one seat of each game is played by a frozen opponent instead: the
+policy the env rank started with (on a fresh run the untrained model), whose messages the env
+rank generates itself (`TextVectorEnv.frozen_opponent`). The policy's seat alternates from game
+to game (a game's seat is `(block + games started) % 2`, alike within a group of envs), the
+opponent's seat is padding the learner trains nothing on, and the policy's success rate
+(`accuracy`) is its win rate against the opponent, per seat in `reward/seat_<k>/mean`.
 TextArena is the optional extra `pip install 'agentenv_jax[textarena]'`.
 """
 
@@ -40,6 +46,9 @@ TEXTARENA_PREFIX = "textarena/"
 # baseline is this long).
 DEFAULT_MAX_TURNS = 64
 DEFAULT_SELF_PLAY_TURNS = 16
+# Who plays the other seat of a two-player game: the policy itself, or the policy the env rank
+# started with, frozen.
+OPPONENTS = ("self", "initial")
 
 
 def import_textarena() -> Any:
@@ -76,10 +85,16 @@ def _render(observations: list[tuple[int, str, Any]], player_id: int) -> str:
 
 
 def textarena_task(
-    game: str, max_turns: int | None = None, success_reward: float = 1.0
+    game: str, max_turns: int | None = None, success_reward: float = 1.0, opponent: str = "self"
 ) -> TextArenaTask | TextArenaSelfPlayTask:
     """The task of TextArena game `game`: a single-player game as it is, a two-player game in
-    self-play; `EnvError` for an unknown game, one of more players, or one that cannot start."""
+    self-play (against itself, or against a frozen `opponent`); `EnvError` for an unknown game,
+    one of more players, one that cannot start, or an opponent for a single-player game."""
+    if opponent not in OPPONENTS:
+        raise EnvError(
+            f"env.kwargs.opponent = {opponent!r}: expected one of {', '.join(OPPONENTS)} (the "
+            "policy itself, or the policy the env rank started with, frozen)"
+        )
     games = textarena_games()
     if game not in games:
         close = difflib.get_close_matches(game, games, n=1, cutoff=0.6)
@@ -112,8 +127,13 @@ def textarena_task(
     default = DEFAULT_MAX_TURNS if players == 1 else DEFAULT_SELF_PLAY_TURNS
     max_turns = require_int("env.kwargs.max_turns", default if max_turns is None else max_turns, 1)
     if players == 1:
+        if opponent != "self":
+            raise EnvError(
+                f"env.kwargs.opponent = {opponent!r}: textarena/{game} is a single-player game, "
+                "which has no opponent"
+            )
         return TextArenaTask(game, max_turns, float(success_reward))
-    return TextArenaSelfPlayTask(game, max_turns, float(success_reward))
+    return TextArenaSelfPlayTask(game, max_turns, float(success_reward), opponent)
 
 
 def _make_game(game: str) -> Any:
@@ -180,19 +200,22 @@ class _SharedGame:
 
 
 class TextArenaSelfPlayTask:
-    """A seat of a TextArena two-player game played by the policy on both seats (see the
-    module docstring). `max_turns` bounds the moves of a game, both seats together: a game
-    still on after them ends there, scored 0 for both seats, as a draw."""
+    """A seat of a TextArena two-player game played by the policy on both seats, or on one
+    against a frozen `opponent` (see the module docstring). `max_turns` bounds the moves of a
+    game, both seats together: a game still on after them ends there, scored 0 for both seats,
+    as a draw."""
 
     seats = 2
     reward_names = ("seat_0", "seat_1")
 
-    def __init__(self, game: str, max_turns: int, success_reward: float):
+    def __init__(self, game: str, max_turns: int, success_reward: float, opponent: str = "self"):
         self.game_id = game
         self.max_turns = max_turns
         self.success_reward = success_reward
+        self.opponent = opponent
         self._games: dict[int, _SharedGame] = {}  # shared by every copy: one per game
         self.seat = -1
+        self.block = -1
         self.game: _SharedGame | None = None
         self.episodes = 0  # this seat's episodes started
 
@@ -200,9 +223,16 @@ class TextArenaSelfPlayTask:
         """Which game and seat env `env_index` plays. Envs come in blocks of `2 x group_size`:
         seat 0 of the block's `group_size` games, then seat 1 of the same games, so a group of
         envs (the group baseline's) holds one seat of games started alike."""
-        block, within = divmod(env_index, self.seats * group_size)
+        self.block, within = divmod(env_index, self.seats * group_size)
         self.seat, column = divmod(within, group_size)
-        self.game = self._games.setdefault(block * group_size + column, _SharedGame())
+        self.game = self._games.setdefault(self.block * group_size + column, _SharedGame())
+
+    def opponent_plays(self) -> bool:
+        """Whether the frozen opponent plays this seat in the current game (never in
+        self-play): the policy's seat alternates from game to game."""
+        if self.opponent == "self" or self.game is None:
+            return False
+        return self.seat != (self.block + self.game.episode) % self.seats
 
     def _state(self) -> Any:
         assert self.game is not None and self.game.env is not None

@@ -50,6 +50,12 @@ class TextVectorEnv(gym.vector.VectorEnv):
     for the round's end, and `info["agent_acted"]` (`bool [E]`) is False on its waiting steps
     (its message is ignored, and the actor marks the transition as padding). A round then holds
     one whole episode of each env, which the group baseline compares across the group.
+
+    A game of several seats whose task plays one seat by a frozen opponent (`opponent_plays`,
+    `TextArenaSelfPlayTask` with `opponent: initial`) takes that seat's messages from
+    `frozen_opponent(obs [n, L], env_rows [n]) -> tokens [n, M]`, which the env rank sets to
+    its first policy; the actions given for those envs are ignored, and their steps are
+    padding (`info["agent_acted"]` False, `info["opponent_played"]` True).
     """
 
     metadata = {"autoreset_mode": gym.vector.AutoresetMode.SAME_STEP}
@@ -93,6 +99,14 @@ class TextVectorEnv(gym.vector.VectorEnv):
             bind = getattr(task, "bind", None)
             if bind is not None:
                 bind(i, self.num_envs, self._group_size)
+        # A seat of each game played by a frozen policy, which the env rank (or `agentenv
+        # eval`) hands over as `frozen_opponent`.
+        self.needs_frozen_opponent = (
+            self._seated
+            and callable(getattr(self._tasks[0], "opponent_plays", None))
+            and getattr(self._tasks[0], "opponent", "self") != "self"
+        )
+        self.frozen_opponent: Callable[[np.ndarray, np.ndarray], np.ndarray] | None = None
         # Tasks whose reward sums named functions report each one's value per step.
         self.reward_names: tuple[str, ...] = tuple(getattr(self._tasks[0], "reward_names", ()))
         self.text_spec: TextSpec = dataclasses.replace(
@@ -166,6 +180,11 @@ class TextVectorEnv(gym.vector.VectorEnv):
         if self._rngs is None:
             raise gym.error.ResetNeeded("TextVectorEnv.step before reset")
         actions = self._check_actions(actions)
+        acted = ~self._waiting & self._acting()
+        # Whose this step's move is, decided before it (a game that ends swaps the seats).
+        by_opponent = self._opponent_seats()
+        if by_opponent.any():
+            actions = self._opponent_moves(actions, acted & by_opponent)
         eos = self.tokenizer.eos_id
         rewards = np.zeros(self.num_envs, np.float32)
         terminated = np.zeros(self.num_envs, bool)
@@ -177,7 +196,6 @@ class TextVectorEnv(gym.vector.VectorEnv):
         turns = np.zeros(self.num_envs, np.int32)
         has_eos = (actions == eos).any(axis=1)
         response_tokens[has_eos] = (actions[has_eos] == eos).argmax(axis=1) + 1
-        acted = ~self._waiting & self._acting()
         messages = {int(i): self.tokenizer.decode(actions[i]) for i in np.flatnonzero(acted)}
         replies = dict(
             zip(
@@ -258,6 +276,10 @@ class TextVectorEnv(gym.vector.VectorEnv):
         if self._round_turns or dropped or self._seated:
             info[ACTED] = acted.copy()
             info[ACTED][dropped] = False
+        if self.needs_frozen_opponent:
+            # The opponent's seats are not the policy's to learn from.
+            info[ACTED][by_opponent] = False
+            info["opponent_played"] = by_opponent
         if round_over:
             # Every env starts the next round's episodes now, as SAME_STEP autoreset does.
             for i in range(self.num_envs):
@@ -299,6 +321,36 @@ class TextVectorEnv(gym.vector.VectorEnv):
         if not self._seated:
             return np.ones(self.num_envs, bool)
         return np.array([getattr(t, "acting", lambda: True)() for t in self._tasks], bool)
+
+    def _opponent_seats(self) -> np.ndarray:
+        """bool `[E]`: the envs whose seat the frozen opponent plays in their current game."""
+        if not self.needs_frozen_opponent:
+            return np.zeros(self.num_envs, bool)
+        return np.array([task.opponent_plays() for task in self._tasks], bool)
+
+    def _opponent_moves(self, actions: np.ndarray, rows: np.ndarray) -> np.ndarray:
+        """`actions` with the messages of envs `rows` (bool `[E]`) written by the frozen
+        opponent."""
+        if self.frozen_opponent is None:
+            raise EnvError(
+                "env.kwargs.opponent asks for a frozen opponent, and none was given to play its "
+                "seat: the env rank's own policy sets it (topology.inference: env_ranks), as "
+                "agentenv eval does"
+            )
+        index = np.flatnonzero(rows)
+        if index.size == 0:
+            return actions
+        moves = np.asarray(self.frozen_opponent(self._observations()[index], index))
+        expected = (index.size, self._response_length)
+        vocab = self.tokenizer.vocab_size
+        if moves.shape != expected or moves.min() < 0 or moves.max() >= vocab:
+            raise EnvError(
+                f"TextVectorEnv.frozen_opponent: expected token ids in 0..{vocab - 1} of shape "
+                f"{expected}, got {moves.dtype} {moves.shape}"
+            )
+        actions = actions.copy()
+        actions[index] = moves
+        return actions
 
     def _end(self, i, task_success, success, final_obs, returns, turns) -> None:
         """Record env i's ended episode in the step's outputs and the transcripts."""
