@@ -282,3 +282,33 @@ def test_a_server_that_is_down_is_an_env_error_naming_its_url():
 def test_bad_configurations_are_env_errors_naming_the_kwarg(kwargs, message):
     with pytest.raises(EnvError, match=message):
         OpenEnvTask(**kwargs)
+
+
+def _sum_of(text: str) -> int:
+    """The right answer to the last question in `text`."""
+    a, b = re.findall(r"What is (\d+) \+ (\d+)\?", text)[-1]
+    return int(a) + int(b)
+
+
+@pytest.mark.parametrize(
+    "policy, expected_return, expected_turns",
+    [
+        (lambda text: f"It is {_sum_of(text)}", 1.0, 1),
+        # Right at the second attempt only: half the reward.
+        (lambda text: str(_sum_of(text) + ("Try again" not in text)), 0.5, 2),
+        (lambda text: "I do not know", 0.0, 2),
+    ],
+    ids=["right", "right_when_asked_again", "wrong"],
+)
+def test_the_shipped_sums_environment_rewards_a_right_first_answer_over_a_retry(
+    policy, expected_return, expected_turns
+):
+    """`openenv_sums_smollm2`'s env (`agentenv_jax.envs.text.openenv_sums`), as it trains."""
+    task = OpenEnvTask(target="agentenv_jax.envs.text.openenv_sums:SumsEnvironment", max_turns=2)
+    returns, success, turns, env = play(task, policy, num_envs=4)
+    assert returns.tolist() == [expected_return] * 4
+    assert success.tolist() == [expected_return == 1.0] * 4
+    assert turns.tolist() == [expected_turns] * 4
+    # Groups of one env each: four seeds, four questions of two one-digit numbers.
+    questions = {t.splitlines()[0] for t, _, _ in env.finished_transcripts}
+    assert len(questions) == 4 and all(re.fullmatch(r"What is \d \+ \d\? .*", q) for q in questions)
