@@ -261,42 +261,10 @@ def test_dialogues_of_a_self_play_game_come_from_whole_games():
     assert all("Tic Tac Toe" in t for t in sample.transcripts)
 
 
-@pytest.mark.slow
-def test_tictactoe_self_play_trains_in_one_process_and_reconciles(tmp_path):
-    """GRPO across turns on both seats: rounds of 9 moves, each seat's returns logged."""
-    config = {
-        "env": {
-            "id": "textarena/TicTacToe-v0",
-            "kwargs": {"max_turns": 9, "context_length": 512, "response_length": 4},
-            "global_num_envs": 8,
-        },
-        "algorithm": {
-            "name": "ppo",
-            "advantage": "group",
-            "group_size": 2,
-            "rollout_length": 9,
-            "num_minibatches": 1,
-        },
-        "network": {"language_model": {"size": "tiny"}},
-        "run": {"total_env_steps": 72},
-    }
-    _, run = train_in_folder(tmp_path, config)
-    summary = json.loads((run / "summary.json").read_text())
-    for accounting in ("accounting", "token_accounting", "episode_accounting"):
-        assert summary[accounting]["reconciles"], summary[accounting]
-    # Every seat's episode of every round ended: 8 envs, one round a segment.
-    assert summary["episode_accounting"]["trained"] == 8 * summary["updates"]
-    records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
-    for record in records:
-        # Zero-sum: the seats' mean returns are opposite (a random policy mostly loses on
-        # invalid moves, which the game forgives once).
-        assert record["reward/seat_0/mean"] == pytest.approx(-record["reward/seat_1/mean"])
-
-
-@pytest.mark.slow
-def test_tictactoe_against_a_frozen_opponent_trains_the_policy_seats_only(tmp_path):
-    """`opponent: initial`: the env rank plays one seat of each game with its first policy;
-    the learner gets the other seat's episodes only, and accuracy is the win rate."""
+def train_tictactoe(tmp_path, opponent: str):
+    """A one-process GRPO run of TicTacToe (tiny model, 8 envs in groups of 2, rounds of 9
+    moves, one update) against `opponent`, checked to reconcile: its folder, summary and
+    metrics."""
     config = {
         "env": {
             "id": "textarena/TicTacToe-v0",
@@ -304,7 +272,7 @@ def test_tictactoe_against_a_frozen_opponent_trains_the_policy_seats_only(tmp_pa
                 "max_turns": 9,
                 "context_length": 512,
                 "response_length": 4,
-                "opponent": "initial",
+                "opponent": opponent,
             },
             "global_num_envs": 8,
         },
@@ -322,10 +290,30 @@ def test_tictactoe_against_a_frozen_opponent_trains_the_policy_seats_only(tmp_pa
     summary = json.loads((run / "summary.json").read_text())
     for accounting in ("accounting", "token_accounting", "episode_accounting"):
         assert summary[accounting]["reconciles"], summary[accounting]
+    records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    return run, summary, records
+
+
+@pytest.mark.slow
+def test_tictactoe_self_play_trains_in_one_process_and_reconciles(tmp_path):
+    """GRPO across turns on both seats: rounds of 9 moves, each seat's returns logged."""
+    _, summary, records = train_tictactoe(tmp_path, opponent="self")
+    # Every seat's episode of every round ended: 8 envs, one round a segment.
+    assert summary["episode_accounting"]["trained"] == 8 * summary["updates"]
+    for record in records:
+        # Zero-sum: the seats' mean returns are opposite (a random policy mostly loses on
+        # invalid moves, which the game forgives once).
+        assert record["reward/seat_0/mean"] == pytest.approx(-record["reward/seat_1/mean"])
+
+
+@pytest.mark.slow
+def test_tictactoe_against_a_frozen_opponent_trains_the_policy_seats_only(tmp_path):
+    """`opponent: initial`: the env rank plays one seat of each game with its first policy;
+    the learner gets the other seat's episodes only, and accuracy is the win rate."""
+    run, summary, records = train_tictactoe(tmp_path, opponent="initial")
     # Of 8 envs (4 games), the 4 seats the policy played each round.
     assert summary["updates"] == 1
     assert summary["episode_accounting"]["trained"] == 4 * summary["updates"]
-    records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert all(0 <= record["accuracy"] <= 1 for record in records)
     # The policy's seat alternates from block to block (and game to game): each update has
     # both seats' returns.
