@@ -1,7 +1,7 @@
 """The smoke run of a shipped experiment, which tests/test_experiments*.py share: trained for a
-tiny budget, reconciled and evaluated. Its experiments are split over three modules (the
-pretrained language models, Atari, the rest), so that pytest-xdist's workers, which take whole
-modules, run them side by side."""
+tiny budget, reconciled and evaluated. Its experiments are split over four modules (the
+pretrained language models on single-turn and on multi-turn tasks, Atari, the rest), so that
+pytest-xdist's workers, which take whole modules, run them side by side."""
 
 from __future__ import annotations
 
@@ -24,13 +24,15 @@ from test_training import assert_reconciles
 
 
 def experiments(kind: str) -> list[Path]:
-    """The shipped experiment files of `kind`: "pretrained" (a pretrained language model),
-    "atari" (the Atari preset) or "other"."""
+    """The shipped experiment files of `kind`: "pretrained" (a pretrained language model on a
+    single-turn task), "pretrained_multi_turn" (on a multi-turn one: a module of its own, as
+    each set takes minutes), "atari" (the Atari preset) or "other"."""
 
     def kind_of(path: Path) -> str:
         config = load_config(path)
         if config.network.language_model.pretrained is not None:
-            return "pretrained"
+            multi_turn = config.env.kwargs.get("max_turns", 1) > 1
+            return "pretrained_multi_turn" if multi_turn else "pretrained"
         return "atari" if config.env.preset == "atari" else "other"
 
     return [path for path in sorted(EXPERIMENTS.glob("*.yaml")) if kind_of(path) == kind]

@@ -1,5 +1,6 @@
-"""The shipped experiments of pretrained language models (SmolLM2 with LoRA), each trained for a
-tiny budget and evaluated: a module of their own beside test_experiments.py's (experiment_smoke.py)."""
+"""The shipped experiments of pretrained language models (SmolLM2 with LoRA) on single-turn
+tasks, each trained for a tiny budget and evaluated: a module of their own beside
+test_experiments.py's (experiment_smoke.py)."""
 
 from __future__ import annotations
 
