@@ -258,6 +258,17 @@ def run_settings(run_dir: Path, name: str, **run_fields: object) -> list[str]:
     return [*fields, f"run.run_dir={run_dir}", f"run.name={name}", "run.progress=false"]
 
 
+def train_seed(
+    args: argparse.Namespace, root: Path, seed: int, extra_env: dict[str, str] | None = None
+) -> tuple[Path, float]:
+    """Train `args.config` with `args.set` at `seed` into `root/seed<seed>` within
+    `args.timeout`: the run's folder and its wall-clock seconds, launch to exit."""
+    name = f"seed{seed}"
+    settings = [*args.set, *run_settings(root, name, seed=seed)]
+    _, train_s = run_job(train_command(args.config, settings), name, args.timeout, extra_env)
+    return root / name, train_s
+
+
 def train_command(config: Path, settings: list[str]) -> list[str]:
     """`agentenv train config --set SETTING ...` in this interpreter."""
     command = [sys.executable, "-m", "agentenv_jax.workflow.cli", "train", str(config)]

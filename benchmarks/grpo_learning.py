@@ -98,12 +98,7 @@ def main() -> None:
     with common.runs_folder(args.keep_runs, "agentenv_grpo_learning_") as root:
         zero_shot = None
         for seed in args.seeds:
-            name = f"seed{seed}"
-            settings = [*args.set, *common.run_settings(root, name, seed=seed)]
-            _, train_s = common.run_job(
-                common.train_command(args.config, settings), name, args.timeout, OFFLINE
-            )
-            run_dir = root / name
+            run_dir, train_s = common.train_seed(args, root, seed, OFFLINE)
             if zero_shot is None:  # the same untrained model and problems for every seed
                 zero_shot = zero_shot_accuracy(run_dir, args.episodes)
             trained = trained_accuracy(run_dir, args.episodes)
@@ -118,7 +113,7 @@ def main() -> None:
                     "gain_points": 100 * (trained - zero_shot),
                 }
             )
-            print(f"  {name}: {updates} updates in {train_s:.0f} s", flush=True)
+            print(f"  {run_dir.name}: {updates} updates in {train_s:.0f} s", flush=True)
         if args.plot is not None:
             command = [sys.executable, "-m", "agentenv_jax.workflow.cli", "plot"]
             command += [str(root / f"seed{seed}") for seed in args.seeds]

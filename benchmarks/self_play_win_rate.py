@@ -83,12 +83,7 @@ def main() -> None:
     runs: list[dict[str, Any]] = []
     with common.runs_folder(args.keep_runs, "agentenv_self_play_") as root:
         for seed in args.seeds:
-            name = f"seed{seed}"
-            settings = [*args.set, *common.run_settings(root, name, seed=seed)]
-            _, train_s = common.run_job(
-                common.train_command(args.config, settings), name, args.timeout, OFFLINE
-            )
-            run_dir = root / name
+            run_dir, train_s = common.train_seed(args, root, seed, OFFLINE)
             updates = len(common.read_jsonl(run_dir / "metrics.jsonl"))
             before = play(run_dir, args.episodes, trained=False)
             after = play(run_dir, args.episodes, trained=True)
@@ -96,7 +91,7 @@ def main() -> None:
                 {"seed": seed, "updates": updates, "train_s": train_s, "before": before}
                 | {"after": after, "gain_points": 100 * (after["win"] - before["win"])}
             )
-            print(f"  {name}: {updates} updates in {train_s:.0f} s", flush=True)
+            print(f"  {run_dir.name}: {updates} updates in {train_s:.0f} s", flush=True)
     print()
     common.print_header(
         f"{'seed':>4} | {'updates':>7} | {'side':>6} | {'win':>5} | {'draw':>5} | {'loss':>5} | "
