@@ -41,8 +41,10 @@ def experiments(kind: str) -> list[Path]:
 def run_smoke(path: Path, run_dir: Path) -> None:
     """Train the experiment at `path` for a tiny budget in `run_dir`, check its accounting and
     losses, and evaluate its final checkpoint."""
+    shipped = load_config(path)
+    seats = text_env_seats(shipped.env.id) if is_text_env(shipped.env.id) else 1
     overrides = [f"run.run_dir={run_dir}", "run.name=smoke", "run.progress=false"]
-    if load_config(path).algorithm.name == "sac":
+    if shipped.algorithm.name == "sac":
         overrides += [
             "algorithm.learning_starts=64",
             "run.total_env_steps=80",
@@ -50,17 +52,16 @@ def run_smoke(path: Path, run_dir: Path) -> None:
         ]
     else:
         overrides += ["run.total_env_steps=1"]
-    if load_config(path).env.preset == "atari":
+    if shipped.env.preset == "atari":
         # The evaluation's games end at 100 agent steps (an untrained policy rarely loses five
         # lives of Breakout sooner, and may play until the 108 K-frame limit).
         # One update of 16-step rollouts: the file's CNN, envs and losses compiled and run,
         # without a full rollout of frames to step and train on.
         overrides += ["env.max_episode_steps=100", "algorithm.rollout_length=16"]
-    if load_config(path).network.language_model.pretrained is not None:
-        # A pretrained model (135 M parameters) trains on one group of answers (two at least):
-        # loading, compiling and stepping it is the check, not the size of its batch.
-        shipped = load_config(path)
-        seats = text_env_seats(shipped.env.id)  # a game of two seats is two envs
+    if shipped.network.language_model.pretrained is not None:
+        # A pretrained model (135 M parameters) trains on one group of answers (two at least;
+        # a game of two seats is two envs): loading, compiling and stepping it is the check,
+        # not the size of its batch.
         overrides += [
             f"env.global_num_envs={2 * seats}",
             "algorithm.rollout_length=1",
@@ -71,7 +72,7 @@ def run_smoke(path: Path, run_dir: Path) -> None:
         if shipped.env.kwargs.get("max_turns", 1) > 1:
             # A multi-turn task's group baseline takes whole rounds of episodes: two messages.
             overrides += ["env.kwargs.max_turns=2", "algorithm.rollout_length=2"]
-    if load_config(path).env.id == "agentenv_jax/Dataset-v0":
+    if shipped.env.id == "agentenv_jax/Dataset-v0":
         # Its data files are written by a script of the repository, as the experiment says.
         subprocess.run(
             [sys.executable, str(REPO / "tools" / "gsm_symbolic_jsonl.py"), "--rows", "200"]
@@ -99,14 +100,13 @@ def run_smoke(path: Path, run_dir: Path) -> None:
         limit = env.max_episode_steps
         env.close()
     elif is_text_env(config.env.id):  # lengths in messages, up to the task's turns
-        seats = text_env_seats(config.env.id)
         limit = make_text_vector_env(config.env.id, seats, config.env.kwargs).max_turns
     elif config.env.preset == "atari":  # whole games, cut at the frame limit
         limit = config.env.max_episode_steps
     else:
         limit = gym.spec(config.env.id).max_episode_steps or math.inf  # Catch: when a ball lands
     # (A seat of a game may lose it before its first move, the opponent's seat moving first.)
-    shortest = 0 if is_text_env(config.env.id) and text_env_seats(config.env.id) > 1 else 1
+    shortest = 0 if seats > 1 else 1
     assert all(shortest <= n <= limit for n in evaluation.lengths)
     assert all(math.isfinite(r) for r in evaluation.returns)
     if config.env.id == "CartPole-v1":  # one update: far from holding the pole up

@@ -340,14 +340,14 @@ class TextVectorEnv(gym.vector.VectorEnv):
         index = np.flatnonzero(rows)
         if index.size == 0:
             return actions
-        moves = np.asarray(self.frozen_opponent(self._observations()[index], index))
-        expected = (index.size, self._response_length)
-        vocab = self.tokenizer.vocab_size
-        if moves.shape != expected or moves.min() < 0 or moves.max() >= vocab:
-            raise EnvError(
-                f"TextVectorEnv.frozen_opponent: expected token ids in 0..{vocab - 1} of shape "
-                f"{expected}, got {moves.dtype} {moves.shape}"
-            )
+        # Only the rows it plays: each observation is a copy of the env's newest tokens.
+        obs = np.stack([self._observation(i) for i in index])
+        moves = self._check_actions(
+            self.frozen_opponent(obs, index),
+            index.size,
+            "TextVectorEnv.frozen_opponent",
+            "envs it plays",
+        )
         actions = actions.copy()
         actions[index] = moves
         return actions
@@ -425,20 +425,26 @@ class TextVectorEnv(gym.vector.VectorEnv):
     def _observations(self) -> np.ndarray:
         return np.stack([self._observation(i) for i in range(self.num_envs)])
 
-    def _check_actions(self, actions: np.ndarray) -> np.ndarray:
-        """`actions` as `int [E, M]` token ids; `EnvError` for another shape or out-of-vocab
-        ids."""
+    def _check_actions(
+        self,
+        actions: np.ndarray,
+        rows: int | None = None,
+        where: str = "TextVectorEnv.step",
+        rows_name: str = "num_envs",
+    ) -> np.ndarray:
+        """`actions` as `int [rows, M]` token ids (`rows` defaults to E); `EnvError` naming
+        `where` they came from for another shape or out-of-vocab ids."""
         actions = np.asarray(actions)
-        expected = (self.num_envs, self._response_length)
+        expected = (self.num_envs if rows is None else rows, self._response_length)
         if actions.shape != expected or not np.issubdtype(actions.dtype, np.integer):
             raise EnvError(
-                f"TextVectorEnv.step: actions must be ints of shape {expected} "
-                f"(num_envs, response_length), got {actions.dtype} {actions.shape}"
+                f"{where}: actions must be ints of shape {expected} ({rows_name}, "
+                f"response_length), got {actions.dtype} {actions.shape}"
             )
         vocab = self.tokenizer.vocab_size
         if actions.size and (actions.min() < 0 or actions.max() >= vocab):
             raise EnvError(
-                f"TextVectorEnv.step: token ids must lie in 0..{vocab - 1}, got values from "
+                f"{where}: token ids must lie in 0..{vocab - 1}, got values from "
                 f"{int(actions.min())} to {int(actions.max())}"
             )
         return actions
