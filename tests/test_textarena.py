@@ -263,8 +263,8 @@ def test_dialogues_of_a_self_play_game_come_from_whole_games():
 
 def train_tictactoe(tmp_path, opponent: str):
     """A one-process GRPO run of TicTacToe (tiny model, 8 envs in groups of 2, rounds of 9
-    moves, one update) against `opponent`, checked to reconcile: its folder, summary and
-    metrics."""
+    moves, one update of one epoch: accounting is the check, not learning) against `opponent`,
+    checked to reconcile: its folder, summary and metrics."""
     config = {
         "env": {
             "id": "textarena/TicTacToe-v0",
@@ -281,6 +281,7 @@ def train_tictactoe(tmp_path, opponent: str):
             "advantage": "group",
             "group_size": 2,
             "rollout_length": 9,
+            "num_epochs": 1,
             "num_minibatches": 1,
         },
         "network": {"language_model": {"size": "tiny"}},
