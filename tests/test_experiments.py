@@ -14,7 +14,7 @@ import pytest
 from agentenv_jax.config import ConfigError, load_config
 
 from conftest import EXPERIMENTS, REPO, agentenv_command, run_command, settings
-from experiment_smoke import experiments, run_smoke
+from experiment_smoke import TRAINED_AS_SHIPPED, experiments, run_smoke
 
 
 def test_a_name_is_the_shipped_file_and_a_misspelt_one_an_error_with_the_names():
@@ -65,6 +65,14 @@ def test_the_wheel_ships_every_module_and_experiment(tmp_path):
         for p in [*EXPERIMENTS.glob("*.yaml"), *EXPERIMENTS.glob("sweeps/*.yaml")]
     }
     assert experiments and modules and (modules | experiments) <= names
+
+
+def test_experiments_without_a_smoke_run_are_trained_as_shipped_and_evaluated_elsewhere():
+    for name, test_file in TRAINED_AS_SHIPPED.items():
+        assert (EXPERIMENTS / name).is_file(), name
+        source = (REPO / test_file).read_text()
+        assert f'"{name.removesuffix(".yaml")}"' in source, (name, test_file)
+        assert "assert_final_checkpoint_plays(" in source, test_file
 
 
 @pytest.mark.slow
