@@ -16,6 +16,9 @@ training accuracy per update (`agentenv plot --metric accuracy`).
     python benchmarks/grpo_learning.py                       # seeds 0 and 1, ~50 min here
     python benchmarks/grpo_learning.py --seeds 0 --set run.total_env_steps=320   # smoke run
     python benchmarks/grpo_learning.py --plot learning.png --json out.json
+    python tools/gsm_symbolic_jsonl.py --out /tmp/gsm    # the dataset example, its two files
+    python benchmarks/grpo_learning.py --config experiments/gsm_symbolic_smollm2.yaml \
+        --set env.kwargs.path=/tmp/gsm/train.jsonl --set env.kwargs.test_path=/tmp/gsm/test.jsonl
 """
 
 from __future__ import annotations
@@ -51,16 +54,27 @@ def zero_shot_accuracy(run_dir: Path, episodes: int) -> float:
     return float(sample.accuracy)
 
 
-def split_sizes(config_path: Path, entries: int = 200_000) -> dict[str, int]:
-    """Distinct questions on each side of the experiment's split, among its first `entries`
-    dataset entries (all of chain_sum's 4,000 three-term questions)."""
+def split_sizes(config_path: Path, overrides: list[str], entries: int = 200_000) -> dict[str, int]:
+    """Distinct questions on each side of the experiment's split: a reasoning-gym task's among
+    its first `entries` dataset entries (all of chain_sum's 4,000 three-term questions), a
+    dataset file's (`agentenv_jax/Dataset-v0`) among all its rows."""
     from agentenv_jax.config.loading import load_config
+    from agentenv_jax.envs.text.dataset_tasks import DatasetRows
     from agentenv_jax.envs.text.reasoning_gym_tasks import ReasoningGymTask
     from agentenv_jax.envs.text.registry import ENV_KWARGS
 
-    config = load_config(config_path)
-    dataset = config.env.id.split("/", 1)[1]
+    config = load_config(config_path, overrides)
     kwargs = {k: v for k, v in config.env.kwargs.items() if k not in ENV_KWARGS}
+    if config.env.id == "agentenv_jax/Dataset-v0":
+        rows = {k: kwargs[k] for k in ("path", "test_path", "test_fraction") if k in kwargs}
+        train = DatasetRows(**rows).distinct_prompts()
+        if rows.get("test_path") is None:  # both sides in one file, split by prompt
+            return train
+        return {
+            "train": train["train"],
+            "test": DatasetRows(**rows, split="test").distinct_prompts()["test"],
+        }
+    dataset = config.env.id.split("/", 1)[1]
     return ReasoningGymTask(dataset, **kwargs).distinct_questions(entries)
 
 
@@ -88,7 +102,7 @@ def main() -> None:
         f"{args.episodes} test problems, overrides {args.set or 'none'}"
     )
     print(common.provenance(), flush=True)
-    sizes = split_sizes(args.config)
+    sizes = split_sizes(args.config, args.set)
     print(
         f"distinct questions: {sizes['train']} on the training side, {sizes['test']} held out "
         "(split by a hash of the question text: none on both sides)",
