@@ -27,6 +27,7 @@ from conftest import (
     run_command,
     settings,
 )
+from gguf_files import write_tiny_llama
 
 pytestmark = pytest.mark.slow  # every test here starts processes
 
@@ -52,61 +53,6 @@ def _tiny_folder(folder, vocab_size: int) -> None:
     transformers.LlamaForCausalLM(config).save_pretrained(folder)
     tokenizer = transformers.AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
     tokenizer.save_pretrained(folder)
-
-
-def _gguf_with_a_q8_1_tensor(path) -> None:
-    """A GGUF of a one-layer llama whose byte vocabulary is fine and whose down projection is
-    stored as Q8_1, a type the gguf package has no dequantizer for."""
-    import gguf
-
-    writer = gguf.GGUFWriter(str(path), "llama")
-    d, inner = 32, 64
-    writer.add_block_count(1)
-    writer.add_context_length(128)
-    writer.add_embedding_length(d)
-    writer.add_feed_forward_length(inner)
-    writer.add_head_count(2)
-    writer.add_head_count_kv(2)
-    writer.add_layer_norm_rms_eps(1e-5)
-    tokens = [chr(c) for c in range(ord("!"), ord("~") + 1)] + ["<pad>", "<s>", "</s>"]
-    writer.add_tokenizer_model("gpt2")
-    writer.add_token_list(tokens)
-    writer.add_token_types([1] * (len(tokens) - 3) + [3, 3, 3])
-    writer.add_token_merges([])
-    writer.add_pad_token_id(len(tokens) - 3)
-    writer.add_bos_token_id(len(tokens) - 2)
-    writer.add_eos_token_id(len(tokens) - 1)
-    writer.add_chat_template("{% for m in messages %}{{ m['content'] }}</s>{% endfor %}")
-    rng = np.random.default_rng(0)
-
-    def f32(*shape):
-        return rng.standard_normal(shape).astype(np.float32)
-
-    writer.add_tensor("token_embd.weight", f32(len(tokens), d))
-    writer.add_tensor("output_norm.weight", np.ones(d, np.float32))
-    for name, shape in {
-        "attn_norm.weight": (d,),
-        "ffn_norm.weight": (d,),
-        "attn_q.weight": (d, d),
-        "attn_k.weight": (d, d),
-        "attn_v.weight": (d, d),
-        "attn_output.weight": (d, d),
-        "ffn_gate.weight": (inner, d),
-        "ffn_up.weight": (inner, d),
-    }.items():
-        writer.add_tensor(f"blk.0.{name}", f32(*shape))
-    block, size = gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType.Q8_1]
-    raw = np.zeros(d * inner // block * size, np.uint8)
-    writer.add_tensor(
-        "blk.0.ffn_down.weight",
-        raw,
-        raw_shape=(d, inner // block * size),
-        raw_dtype=gguf.GGMLQuantizationType.Q8_1,
-    )
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
 
 
 def _three_key_value_heads_of_four(folder, tiny) -> None:
@@ -167,7 +113,7 @@ def models(tmp_path_factory) -> dict:
     model.save_pretrained(root / "sharded", max_shard_size="4MB")
     (root / "sharded" / "model-00001-of-00002.safetensors").unlink()
     _three_key_value_heads_of_four(root / "kv_heads", root / "tiny")
-    _gguf_with_a_q8_1_tensor(root / "q8_1.gguf")
+    write_tiny_llama(root / "q8_1.gguf", d=32, inner=64, q8_1_down=True)
     return {"root": root, "hide_smollm2": _without_smollm2(root / "site")}
 
 
