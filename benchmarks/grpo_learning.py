@@ -66,7 +66,9 @@ def split_sizes(config_path: Path, overrides: list[str], entries: int = 200_000)
     config = load_config(config_path, overrides)
     kwargs = {k: v for k, v in config.env.kwargs.items() if k not in ENV_KWARGS}
     if config.env.id == "agentenv_jax/Dataset-v0":
-        rows = {k: kwargs[k] for k in ("path", "test_path", "test_fraction") if k in kwargs}
+        # The task's own reading of its rows: its files, split and prompt column.
+        fields = ("path", "test_path", "test_fraction", "prompt_column", "system_prompt")
+        rows = {k: kwargs[k] for k in fields if k in kwargs}
         train = DatasetRows(**rows).distinct_prompts()
         if rows.get("test_path") is None:  # both sides in one file, split by prompt
             return train
