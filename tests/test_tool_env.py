@@ -155,6 +155,7 @@ def tokenizer(request):
     return load_tokenizer(str(pretrained_path(SMOLLM2)), pretrained_spec(SMOLLM2).vocab_size)
 
 
+@pytest.mark.slow  # the built-in tools start the sandbox's workers
 def test_a_scripted_policy_calls_the_calculator_and_answers(tokenizer):
     env = make_text_vector_env(TOOL_ENV, 1, {"response_length": 128}, tokenizer)
     env.reset(seed=3)
@@ -187,6 +188,7 @@ def test_a_scripted_policy_calls_the_calculator_and_answers(tokenizer):
     assert info["final_info"]["turns"][0] == 2
 
 
+@pytest.mark.slow  # the calculator starts the sandbox's workers
 @pytest.mark.parametrize(
     ("tool", "error"),
     [
@@ -225,6 +227,7 @@ def test_bad_tool_settings_name_the_field():
         make_text_vector_env(TOOL_ENV, 1, {"time_limit_s": 0})
 
 
+@pytest.mark.slow  # the built-in tools start the sandbox's workers
 def test_only_the_policys_own_tokens_get_a_gradient():
     """A hand-made tool dialogue's last row: the context holds the prompt, the policy's earlier
     tool call (trained in its own row) and the tool's result; the response is the answer. The

@@ -1,6 +1,7 @@
 """Programs run in isolation under real limits: the sandbox that code tools and code tasks use."""
 
 from agentenv_jax.envs.sandbox.pool import (
+    SandboxContents,
     SandboxError,
     SandboxPool,
     SandboxResult,
@@ -11,6 +12,7 @@ from agentenv_jax.envs.sandbox.pool import (
 )
 
 __all__ = [
+    "SandboxContents",
     "SandboxError",
     "SandboxPool",
     "SandboxResult",

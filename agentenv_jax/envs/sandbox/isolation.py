@@ -20,6 +20,10 @@ from pathlib import Path
 
 ISOLATIONS = ("auto", "bubblewrap", "unshare", "none")
 WORKER_FILE = Path(__file__).with_name("worker.py")
+# agentenv_jax's own folder, readable in the sandbox: the worker, the built-in tools, and the
+# package for a user's tool that imports it (an editable install's source is not under the
+# Python folders).
+PACKAGE_FOLDER = Path(__file__).resolve().parents[2]
 # Where the sandbox's private folder is, inside the sandbox (bubblewrap mounts a tmpfs there).
 SANDBOX_TMP = "/tmp"
 # System folders a program may read. Merged-/usr systems have /bin, /lib, ... as links.
@@ -98,7 +102,7 @@ def bubblewrap_command(
         argv += ["--ro-bind-try", path, path]
     argv += ["--proc", "/proc", "--dev", "/dev"]
     argv += ["--perms", "01777", "--size", str(tmp_bytes), "--tmpfs", SANDBOX_TMP]
-    bound = _outermost([*python_paths(), *read_only, str(WORKER_FILE.parent)])
+    bound = _outermost([*python_paths(), *read_only, str(PACKAGE_FOLDER)])
     # The folders above each bound path, made as plain empty folders: bubblewrap would copy
     # their modes (a home folder's 0700 would hide the interpreter from a program's user id).
     above = {str(parent) for path in bound for parent in Path(path).parents if parent != Path("/")}

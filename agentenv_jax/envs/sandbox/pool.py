@@ -160,6 +160,18 @@ class SandboxSettings:
         }
 
 
+@dataclasses.dataclass(frozen=True)
+class SandboxContents:
+    """What a sandbox holds besides the system and Python: read-only paths (a user's tool's
+    module or package), folders put first on `sys.path`, modules its worker imports once, and
+    files it loads once as modules under a name (`{"agentenv_tools": ".../tools.py"}`)."""
+
+    read_only: tuple[str, ...] = ()
+    sys_path: tuple[str, ...] = ()
+    preload: tuple[str, ...] = ()
+    preload_files: tuple[tuple[str, str], ...] = ()
+
+
 def _is_number(value: Any) -> bool:
     return isinstance(value, int | float) and not isinstance(value, bool)
 
@@ -197,7 +209,11 @@ class SandboxResult:
             return f"killed at the wall-clock limit of {settings.wall_s:g} s"
         if self.output_exceeded:
             return f"killed when its output passed {settings.output_bytes:,} bytes"
-        if self.signal in (signal.SIGXCPU, signal.SIGKILL) and self.cpu_s >= settings.cpu_s:
+        # SIGXCPU at the soft limit (the kernel's tick may count a little under it), SIGKILL
+        # at the hard limit a second later.
+        if self.signal == signal.SIGXCPU or (
+            self.signal == signal.SIGKILL and self.cpu_s >= settings.cpu_s
+        ):
             return f"killed at the CPU-time limit of {settings.cpu_s:g} s"
         if self.signal == signal.SIGXFSZ:
             return f"killed when a file passed {settings.file_mb} MB"
@@ -211,8 +227,8 @@ class SandboxResult:
         return None
 
 
-def _lost(wall_s: float) -> SandboxResult:
-    return SandboxResult("", "", None, None, False, False, wall_s, 0.0, sandbox_lost=True)
+def _lost(wall_s: float, why: str = "") -> SandboxResult:
+    return SandboxResult("", why, None, None, False, False, wall_s, 0.0, sandbox_lost=True)
 
 
 class SandboxWorker:
@@ -224,8 +240,7 @@ class SandboxWorker:
         isolation: str,
         settings: SandboxSettings,
         slot: int = 0,
-        read_only: Sequence[str] = (),
-        preload_files: Mapping[str, str] | None = None,
+        contents: SandboxContents = SandboxContents(),
     ):
         self.isolation = isolation
         self.settings = settings
@@ -242,13 +257,19 @@ class SandboxWorker:
                 "workdir": workdir,
                 "child_uid": self.child_uid,
                 "environment": _ENVIRONMENT,
-                "preload": list(settings.preload),
-                "preload_files": dict(preload_files or {}),
+                "preload": [*settings.preload, *contents.preload],
+                "preload_files": dict(contents.preload_files),
+                "sys_path": list(contents.sys_path),
             }
         )
         if isolation == "bubblewrap":
             argv = bubblewrap_command(
-                worker_settings, list(read_only), settings.tmp_mb << 20, as_root
+                worker_settings,
+                # Only the paths themselves: a sys.path folder (a project's root, say) is
+                # there as the empty folder above them, never with the rest of its files.
+                list(contents.read_only),
+                settings.tmp_mb << 20,
+                as_root,
             )
         elif isolation == "unshare":
             argv = unshare_command(worker_settings, as_root)
@@ -309,7 +330,7 @@ class SandboxWorker:
             self._process.stdin.flush()
         except (BrokenPipeError, OSError):
             self._kill()
-            return _lost(0.0)
+            return _lost(0.0, self._worker_errors())
         reply = self._read_reply(started + request["limits"]["wall_s"] + _REPLY_GRACE_S)
         if reply is None:
             # The worker did not answer in time (or ended): end the sandbox and everything in
@@ -319,8 +340,13 @@ class SandboxWorker:
             wall_s = time.monotonic() - started
             if timed_out:
                 return SandboxResult("", "", None, signal.SIGKILL, True, False, wall_s, 0.0)
-            return _lost(wall_s)
+            return _lost(wall_s, self._worker_errors())
         return SandboxResult(**reply)
+
+    def _worker_errors(self) -> str:
+        """What the worker (or bubblewrap) wrote to its stderr: why a sandbox ended."""
+        self._errors.seek(0)
+        return self._errors.read()[-4000:].decode("utf-8", "replace")
 
     def _kill(self) -> None:
         if self._process.poll() is None:
@@ -347,32 +373,34 @@ class SandboxPool:
     """`settings.workers` warm sandboxes of the best isolation available (see the module).
     Thread-safe: each call takes an idle worker, waiting for one when all are busy."""
 
-    def __init__(
-        self,
-        settings: SandboxSettings,
-        read_only: Sequence[str] = (),
-        preload_files: Mapping[str, str] | None = None,
-    ):
+    def __init__(self, settings: SandboxSettings, contents: SandboxContents = SandboxContents()):
         self.settings = settings.validate()
-        self._read_only = tuple(read_only)
-        self._preload_files = dict(preload_files or {})
-        self.isolation, first = self._first_worker()
+        self._contents = contents
+        # NOTE: every sandbox is started from these threads, which live as long as the pool.
+        # bubblewrap's --die-with-parent ends a sandbox when the *thread* that started it ends,
+        # so a sandbox started (or restarted) from a short-lived thread, a map's or a vector
+        # step's, would be killed with it.
+        self._spawner = concurrent.futures.ThreadPoolExecutor(
+            min(settings.workers, 8), thread_name_prefix="sandbox-start"
+        )
+        try:
+            self.isolation, first = self._spawner.submit(self._first_worker).result()
+        except BaseException:
+            self._spawner.shutdown()
+            raise
         self.description = DESCRIPTIONS[self.isolation]
         self._idle: queue.Queue[SandboxWorker | None] = queue.Queue()
         self._idle.put(first)
         self._lock = threading.Lock()
         self._workers = [first]
         self._closed = False
-        with concurrent.futures.ThreadPoolExecutor(max(1, settings.workers - 1)) as starting:
-            for worker in starting.map(self._start, range(1, settings.workers)):
-                self._workers.append(worker)
-                self._idle.put(worker)
+        for worker in self._spawner.map(self._start, range(1, settings.workers)):
+            self._workers.append(worker)
+            self._idle.put(worker)
         self.restarts = 0
 
     def _start(self, slot: int) -> SandboxWorker:
-        return SandboxWorker(
-            self.isolation, self.settings, slot, self._read_only, self._preload_files
-        )
+        return SandboxWorker(self.isolation, self.settings, slot, self._contents)
 
     def _first_worker(self) -> tuple[str, SandboxWorker]:
         reasons = []
@@ -380,9 +408,7 @@ class SandboxPool:
             why = available(isolation)
             if why is None:
                 try:
-                    worker = SandboxWorker(
-                        isolation, self.settings, 0, self._read_only, self._preload_files
-                    )
+                    worker = SandboxWorker(isolation, self.settings, 0, self._contents)
                     probe = worker.run({"kind": "source", "source": "print(6 * 7)"})
                     if probe.ok and probe.stdout.strip() == "42":
                         return isolation, worker
@@ -417,7 +443,7 @@ class SandboxPool:
     def _replace(self, worker: SandboxWorker) -> SandboxWorker:
         worker.close()
         slot = self._workers.index(worker)
-        fresh = self._start(slot)
+        fresh = self._spawner.submit(self._start, slot).result()
         with self._lock:
             self._workers[slot] = fresh
             self.restarts += 1
@@ -452,6 +478,7 @@ class SandboxPool:
             workers = list(self._workers)
         for worker in workers:
             worker.close()
+        self._spawner.shutdown()
         self._idle.put(None)
 
     def __enter__(self) -> SandboxPool:
@@ -466,18 +493,16 @@ _shared_lock = threading.Lock()
 
 
 def shared_pool(
-    settings: SandboxSettings,
-    read_only: Sequence[str] = (),
-    preload_files: Mapping[str, str] | None = None,
+    settings: SandboxSettings, contents: SandboxContents = SandboxContents()
 ) -> SandboxPool:
     """The process's pool for these settings, started (and its isolation reported on stderr)
     at the first call; every task of an env rank with the same settings shares it, and it
     closes when the process exits."""
-    key = (settings, tuple(read_only), tuple(sorted((preload_files or {}).items())))
+    key = (settings, contents)
     with _shared_lock:
         pool = _shared.get(key)
         if pool is None:
-            pool = SandboxPool(settings, read_only, preload_files)
+            pool = SandboxPool(settings, contents)
             _shared[key] = pool
             if len(_shared) == 1:
                 atexit.register(close_shared_pools)

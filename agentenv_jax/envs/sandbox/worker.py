@@ -279,7 +279,7 @@ def run(request: dict, settings: dict, modules: dict) -> dict:
                 os.close(fd)
                 continue
             captured[readers[fd]] += chunk
-        if len(captured["stdout"]) + len(captured["stderr"]) > cap:
+        if sum(map(len, captured.values())) > cap:
             output_exceeded = True
             break
     wall_s = time.monotonic() - started
@@ -321,6 +321,7 @@ def run(request: dict, settings: dict, modules: dict) -> dict:
 
 
 def _load_modules(settings: dict) -> dict:
+    sys.path[:0] = settings.get("sys_path", [])
     modules = {}
     for name in settings.get("preload", []):
         try:

@@ -5,8 +5,11 @@ Hermes / Qwen format) anywhere in the policy's message; the env runs the tool an
 result as a `tool` turn. The built-in tools evaluate expressions by walking their syntax tree
 (`ast`), never `eval`: only the nodes they allow, numbers of bounded size, and work bounded
 before it is done (an exponent or a product that would be too large is refused, not
-computed). Every tool, built-in or a user's, runs under `run_tool`: what it raises, a run past
-its time limit, or a result longer than the limit is one error text, never a crashed env rank.
+computed). The built-in tools run in the sandbox (`envs/sandbox`), which makes their time and
+memory limits hold: this module imports only the standard library, so the sandbox loads it as
+it is. A user's tool runs there when it opts in, else in this process under `run_tool`. Either
+way, what it raises, a run past its time limit, or a result longer than the limit is one error
+text, never a crashed env rank.
 """
 
 from __future__ import annotations
@@ -245,6 +248,24 @@ def python(expression: str) -> str:
 
 
 BUILT_IN_TOOLS: dict[str, Callable[..., str]] = {"calculator": calculator, "python": python}
+# The code interpreter runs a whole program in the sandbox; it has no function here.
+CODE_TOOL = "code"
+CODE_TOOL_DESCRIPTION = (
+    "Runs a Python program and returns its exit status, stdout and stderr, e.g. "
+    '"print(sum(range(10)))".'
+)
+
+
+def code_turn(exit_status: str, stdout: str, stderr: str) -> str:
+    """The code tool's turn: the exit status (or what stopped the program), then its output,
+    cut to `MAX_RESULT` characters with the cut said."""
+    text = f"exit status: {exit_status}\nstdout:\n{stdout}"
+    if stderr:
+        text += f"\nstderr:\n{stderr}"
+    if len(text) > MAX_RESULT:
+        cut = len(text) - MAX_RESULT
+        text = f"{text[:MAX_RESULT]}\n... ({cut:,} more characters)"
+    return text
 
 
 def run_tool(
