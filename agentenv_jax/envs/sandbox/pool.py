@@ -127,13 +127,18 @@ class SandboxSettings:
 
     @classmethod
     def from_config(
-        cls, value: Mapping[str, Any] | str | None, prefix: str = "env.kwargs.sandbox"
+        cls,
+        value: Mapping[str, Any] | str | None,
+        prefix: str = "env.kwargs.sandbox",
+        defaults: Mapping[str, Any] | None = None,
     ) -> SandboxSettings:
-        """Settings from a config's mapping, or an isolation name alone (`sandbox: none`)."""
+        """Settings from a config's mapping, or an isolation name alone (`sandbox: none`);
+        `defaults` (a task's own, e.g. its time limit) fill what the mapping leaves out."""
+        defaults = dict(defaults or {})
         if value is None:
-            return cls().validate(prefix)
+            return cls(**defaults).validate(prefix)
         if isinstance(value, str):
-            return cls(isolation=value).validate(prefix)
+            return cls(**defaults, isolation=value).validate(prefix)
         if not isinstance(value, Mapping):
             raise SandboxError(
                 f"{prefix} = {value!r}: expected an isolation name or a mapping of "
@@ -145,7 +150,7 @@ class SandboxSettings:
             raise SandboxError(
                 f"{prefix}.{unknown[0]}: no such setting; settings: {', '.join(sorted(names))}"
             )
-        return cls(**value).validate(prefix)
+        return cls(**(defaults | dict(value))).validate(prefix)
 
     def limits(self) -> dict[str, Any]:
         """The per-program limits as the worker reads them."""

@@ -3,6 +3,7 @@
 * `agentenv_jax/Arithmetic-v0`: `tasks.ArithmeticTask` (single turn);
 * `agentenv_jax/GuessNumber-v0`: `tasks.GuessNumberTask` (multi-turn);
 * `agentenv_jax/ToolArithmetic-v0`: `tool_tasks.ToolArithmeticTask` (multi-turn, with tools);
+* `agentenv_jax/Code-v0`: `code_tasks.CodeTask` (write a function; hidden tests in the sandbox);
 * `reasoning_gym/<dataset>`: `reasoning_gym_tasks.ReasoningGymTask` over any reasoning-gym
   dataset (`pip install 'agentenv_jax[text]'`), e.g. `reasoning_gym/basic_arithmetic`;
 * `agentenv_jax/Dataset-v0`: `dataset_tasks.DatasetTask`, the rows of a user's dataset file
@@ -34,6 +35,7 @@ import gymnasium as gym
 
 from agentenv_jax.envs.import_path import import_object
 from agentenv_jax.envs.spaces import EnvError
+from agentenv_jax.envs.text.code_tasks import CodeTask
 from agentenv_jax.envs.text.dataset_tasks import DatasetTask
 from agentenv_jax.envs.text.openenv_tasks import OpenEnvTask
 from agentenv_jax.envs.text.reasoning_gym_tasks import ReasoningGymTask, reasoning_gym_kwargs
@@ -62,6 +64,7 @@ TEXT_ENV_IDS: dict[str, TextEnvEntry] = {
     "agentenv_jax/Arithmetic-v0": TextEnvEntry(ArithmeticTask, 16, 4),
     "agentenv_jax/GuessNumber-v0": TextEnvEntry(GuessNumberTask, 64, 4),
     "agentenv_jax/ToolArithmetic-v0": TextEnvEntry(ToolArithmeticTask, 512, 96),
+    "agentenv_jax/Code-v0": TextEnvEntry(CodeTask, 256, 128),
     "agentenv_jax/Dataset-v0": TextEnvEntry(DatasetTask, 512, 128),
     "agentenv_jax/OpenEnv-v0": TextEnvEntry(OpenEnvTask, 1024, 256),
     f"{REASONING_GYM_PREFIX}<dataset>": TextEnvEntry(ReasoningGymTask, 512, 16),

@@ -184,17 +184,6 @@ def tool_instructions(tools: Mapping[str, Tool]) -> str:
     )
 
 
-def tool_sandbox_settings(sandbox: Any, time_limit_s: float) -> SandboxSettings:
-    """`env.kwargs.sandbox` for tools: the tools' `time_limit_s` is each call's wall-clock and
-    CPU limit, and memory is `_TOOL_MEMORY_MB`, unless the mapping sets them itself."""
-    given = sandbox if isinstance(sandbox, Mapping) else {}
-    settings = SandboxSettings.from_config(sandbox)
-    defaults = {"wall_s": time_limit_s, "cpu_s": time_limit_s, "memory_mb": _TOOL_MEMORY_MB}
-    return dataclasses.replace(
-        settings, **{k: v for k, v in defaults.items() if k not in given}
-    ).validate()
-
-
 class ToolTask:
     """A single-turn task answered with the help of tools (see the module)."""
 
@@ -220,7 +209,16 @@ class ToolTask:
         # new one when `code_session` keeps a session per episode.
         self._code_session = code_session
         self._cells: list[str] = []
-        self._settings = tool_sandbox_settings(sandbox, self._time_limit_s)
+        # The tools' time limit is each call's wall-clock and CPU limit unless the sandbox
+        # mapping sets its own.
+        self._settings = SandboxSettings.from_config(
+            sandbox,
+            defaults={
+                "wall_s": self._time_limit_s,
+                "cpu_s": self._time_limit_s,
+                "memory_mb": _TOOL_MEMORY_MB,
+            },
+        )
         self._pool: SandboxPool | None = None
         sandboxed = [tool for tool in tools.values() if tool.sandboxed]
         if sandboxed:
