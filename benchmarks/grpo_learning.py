@@ -19,6 +19,10 @@ training accuracy per update (`agentenv plot --metric accuracy`).
     python tools/gsm_symbolic_jsonl.py --out /tmp/gsm    # the dataset example, its two files
     python benchmarks/grpo_learning.py --config experiments/gsm_symbolic_smollm2.yaml \
         --set env.kwargs.path=/tmp/gsm/train.jsonl --set env.kwargs.test_path=/tmp/gsm/test.jsonl
+    python benchmarks/grpo_learning.py --config experiments/code_smollm2.yaml --episodes 144
+
+For the code task (`Code-v0`) accuracy is the share of answers that pass all their hidden
+tests, and the mean return the share of hidden tests passed.
 """
 
 from __future__ import annotations
@@ -38,9 +42,9 @@ BUDGET_S = 30 * 60  # per training run
 OFFLINE = {"HF_HUB_OFFLINE": "1"}
 
 
-def zero_shot_accuracy(run_dir: Path, episodes: int) -> float:
-    """The untrained model's greedy accuracy on the test split's first `episodes` problems,
-    with the run's own config."""
+def zero_shot_scores(run_dir: Path, episodes: int) -> tuple[float, float]:
+    """The untrained model's greedy accuracy and mean return on the test split's first
+    `episodes` problems, with the run's own config."""
     from agentenv_jax.config.loading import load_config
     from agentenv_jax.workflow.evaluation import GREEDY_TEMPERATURE
     from agentenv_jax.workflow.text_dialogues import sample_dialogues
@@ -51,14 +55,16 @@ def zero_shot_accuracy(run_dir: Path, episodes: int) -> float:
     sample = sample_dialogues(
         config, None, num_episodes=episodes, seed=0, temperature=GREEDY_TEMPERATURE
     )
-    return float(sample.accuracy)
+    return float(sample.accuracy), float(sum(sample.returns) / len(sample.returns))
 
 
 def split_sizes(config_path: Path, overrides: list[str], entries: int = 200_000) -> dict[str, int]:
     """Distinct questions on each side of the experiment's split: a reasoning-gym task's among
     its first `entries` dataset entries (all of chain_sum's 4,000 three-term questions), a
-    dataset file's (`agentenv_jax/Dataset-v0`) among all its rows."""
+    dataset file's (`agentenv_jax/Dataset-v0`) among all its rows, the code task's
+    (`agentenv_jax/Code-v0`) among all its problems."""
     from agentenv_jax.config.loading import load_config
+    from agentenv_jax.envs.text.code_tasks import split_sizes as code_split_sizes
     from agentenv_jax.envs.text.dataset_tasks import DatasetRows
     from agentenv_jax.envs.text.reasoning_gym_tasks import ReasoningGymTask
     from agentenv_jax.envs.text.registry import ENV_KWARGS
@@ -76,14 +82,18 @@ def split_sizes(config_path: Path, overrides: list[str], entries: int = 200_000)
             "train": train["train"],
             "test": DatasetRows(**rows, split="test").distinct_prompts()["test"],
         }
+    if config.env.id == "agentenv_jax/Code-v0":
+        return code_split_sizes(kwargs.get("test_fraction", 0.2))
     dataset = config.env.id.split("/", 1)[1]
     return ReasoningGymTask(dataset, **kwargs).distinct_questions(entries)
 
 
-def trained_accuracy(run_dir: Path, episodes: int) -> float:
+def trained_scores(run_dir: Path, episodes: int) -> tuple[float, float]:
+    """The final checkpoint's greedy accuracy and mean return on the same problems."""
     from agentenv_jax import evaluate
 
-    return float(evaluate(run_dir, episodes=episodes, split="test").dialogues.accuracy)
+    sample = evaluate(run_dir, episodes=episodes, split="test").dialogues
+    return float(sample.accuracy), float(sum(sample.returns) / len(sample.returns))
 
 
 def main() -> None:
@@ -116,8 +126,8 @@ def main() -> None:
         for seed in args.seeds:
             run_dir, train_s = common.train_seed(args, root, seed, OFFLINE)
             if zero_shot is None:  # the same untrained model and problems for every seed
-                zero_shot = zero_shot_accuracy(run_dir, args.episodes)
-            trained = trained_accuracy(run_dir, args.episodes)
+                zero_shot, zero_shot_return = zero_shot_scores(run_dir, args.episodes)
+            trained, trained_return = trained_scores(run_dir, args.episodes)
             updates = len(common.read_jsonl(run_dir / "metrics.jsonl"))
             runs.append(
                 {
@@ -127,6 +137,8 @@ def main() -> None:
                     "zero_shot": zero_shot,
                     "trained": trained,
                     "gain_points": 100 * (trained - zero_shot),
+                    "zero_shot_return": zero_shot_return,
+                    "trained_return": trained_return,
                 }
             )
             print(f"  {run_dir.name}: {updates} updates in {train_s:.0f} s", flush=True)
@@ -139,14 +151,15 @@ def main() -> None:
     print()
     common.print_header(
         f"{'seed':>4} | {'updates':>7} | {'train s':>7} | {'zero-shot':>9} | {'trained':>7} | "
-        f"{'gain (points)':>13}"
+        f"{'gain (points)':>13} | {'return: zero-shot':>17} | {'trained':>7}"
     )
     for run in runs:
         within = run["gain_points"] >= GOAL_POINTS and run["train_s"] <= BUDGET_S
         print(
             f"{run['seed']:>4} | {run['updates']:>7} | {run['train_s']:7.0f} | "
             f"{run['zero_shot']:9.3f} | {run['trained']:7.3f} | {run['gain_points']:9.1f} "
-            f"{'ok' if within else 'MISS'}"
+            f"{'ok' if within else 'MISS':<4} | {run['zero_shot_return']:17.3f} | "
+            f"{run['trained_return']:7.3f}"
         )
     print(
         f"goal: held-out accuracy +{GOAL_POINTS:.0f} points on every seed, "

@@ -79,6 +79,12 @@ def passed_tests(stdout: str, expected: Sequence[Any]) -> int:
     return len(passed)
 
 
+def split_sizes(test_fraction: float) -> dict[str, int]:
+    """How many of the problems each split holds at `test_fraction`."""
+    sides = [question_split(p.question, test_fraction) for p in PROBLEMS]
+    return {split: sides.count(split) for split in TASK_SPLITS}
+
+
 class CodeTask:
     """Write the function a question asks for; the reward is the fraction of its hidden tests
     that pass (see the module)."""
@@ -127,8 +133,7 @@ class CodeTask:
 
     def distinct_questions(self, entries: int = 0) -> dict[str, int]:
         """How many distinct questions each split holds (all of them; `entries` is unused)."""
-        sides = [question_split(p.question, self.test_fraction) for p in PROBLEMS]
-        return {split: sides.count(split) for split in TASK_SPLITS}
+        return split_sizes(self.test_fraction)
 
     def reset(self, rng: np.random.Generator) -> str:
         self.problem = self._problems[int(rng.integers(len(self._problems)))]
