@@ -26,7 +26,13 @@ import numpy as np
 from agentenv_jax.envs.sandbox import SandboxPool, SandboxSettings, shared_pool
 from agentenv_jax.envs.spaces import EnvError
 from agentenv_jax.envs.text.code_problems import PROBLEMS, Problem
-from agentenv_jax.envs.text.tasks import TASK_SPLITS, TaskReply, question_split, require_int
+from agentenv_jax.envs.text.tasks import (
+    TASK_SPLITS,
+    TaskReply,
+    question_split,
+    require_int,
+    require_seconds,
+)
 
 INSTRUCTION = "Answer with the function only, in a ```python code block."
 # The program the sandbox runs: the answer's code and the tests' inputs come on stdin, so the
@@ -107,14 +113,7 @@ class CodeTask:
         if not 0 < test_fraction < 1:
             raise EnvError(f"env.kwargs.test_fraction = {test_fraction!r}: expected in (0, 1)")
         self.tests = require_int("env.kwargs.tests", tests, 1, 100)
-        if (
-            isinstance(time_limit_s, bool)
-            or not isinstance(time_limit_s, int | float)
-            or not 0 < time_limit_s <= 60
-        ):
-            raise EnvError(
-                f"env.kwargs.time_limit_s = {time_limit_s!r}: expected seconds in (0, 60]"
-            )
+        require_seconds("env.kwargs.time_limit_s", time_limit_s, 60)
         if not isinstance(instruction, str):
             raise EnvError(f"env.kwargs.instruction = {instruction!r}: expected a string")
         self.split = split

@@ -110,6 +110,14 @@ def question_split(question: str, test_fraction: float) -> str:
     return "test" if int.from_bytes(digest, "big") < test_fraction * 2**64 else "train"
 
 
+def require_seconds(field: str, value: object, maximum: float) -> float:
+    """`value` as a float if it is a number of seconds in (0, `maximum`] (bools are not);
+    otherwise an `EnvError` naming `field`, the value and the allowed range."""
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value <= maximum:
+        raise EnvError(f"{field} = {value!r}: expected seconds in (0, {maximum:g}]")
+    return float(value)
+
+
 def require_int(field: str, value: object, minimum: int, maximum: int | None = None) -> int:
     """`value` if it is an int in `minimum..maximum` (bools are not ints here); otherwise an
     `EnvError` naming `field`, the value and the allowed range."""

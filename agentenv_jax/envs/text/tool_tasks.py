@@ -44,6 +44,7 @@ from agentenv_jax.envs.text.tasks import (
     TextTask,
     reply_all,
     require_int,
+    require_seconds,
 )
 from agentenv_jax.envs.text.tools import (
     BUILT_IN_TOOLS,
@@ -348,14 +349,7 @@ class ToolArithmeticTask(ToolTask):
         sandbox: Mapping[str, Any] | str | None = None,
         code_session: bool = False,
     ):
-        if (
-            isinstance(time_limit_s, bool)
-            or not isinstance(time_limit_s, int | float)
-            or not 0 < time_limit_s <= 60
-        ):
-            raise EnvError(
-                f"env.kwargs.time_limit_s = {time_limit_s!r}: expected seconds in (0, 60]"
-            )
+        require_seconds("env.kwargs.time_limit_s", time_limit_s, 60)
         super().__init__(
             ArithmeticTask(max_operand, operations, format_reward, question, answer_format),
             resolve_tools(tools),
