@@ -308,3 +308,13 @@ def test_no_isolation_found_is_refused_with_the_way_out(monkeypatch):
     assert "bubblewrap: bwrap is not installed" in message
     assert "unshare: unshare (util-linux) is not installed" in message
     assert "isolation: none" in message
+
+
+def test_a_closed_pool_refuses_calls_and_leaves_nothing():
+    require_bubblewrap()
+    pool = SandboxPool(SandboxSettings(isolation="bubblewrap", workers=2))
+    pids = [worker._process.pid for worker in pool._workers]
+    pool.close()
+    with pytest.raises(SandboxError, match="the sandbox pool is closed"):
+        pool.run_source("print(1)")
+    assert not any(Path(f"/proc/{pid}").exists() for pid in pids)

@@ -432,7 +432,7 @@ class SandboxPool:
     def run(self, request: Mapping[str, Any]) -> SandboxResult:
         """Run one request on an idle worker (waiting for one if all are busy)."""
         worker = self._idle.get()
-        if worker is None:
+        if worker is None or self._closed:
             self._idle.put(None)
             raise SandboxError("the sandbox pool is closed")
         try:
