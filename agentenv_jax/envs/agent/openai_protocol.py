@@ -1,0 +1,282 @@
+"""The OpenAI chat API as the policy's endpoint speaks it: requests checked into what the model
+can do, completions turned into OpenAI responses (tool calls in OpenAI's `tool_calls` form),
+and errors with the status codes and bodies the OpenAI API gives, so that the `openai` client
+and the agent frameworks on it raise what they expect.
+
+Pure functions of JSON-ready values; the HTTP server and the model live elsewhere.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import re
+import time
+import uuid
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+# A tool call as Hermes / Qwen templates teach models to write it.
+_TOOL_CALL = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.DOTALL)
+_ROLES = ("system", "developer", "user", "assistant", "tool")
+
+
+@dataclasses.dataclass(eq=False)  # not frozen: raising sets __traceback__
+class OpenAIError(Exception):
+    """An error response: its HTTP status and OpenAI's error body."""
+
+    status: int
+    message: str
+    type: str = "invalid_request_error"
+    param: str | None = None
+    code: str | None = None
+
+    def __post_init__(self) -> None:
+        super().__init__(self.message)
+
+    def body(self) -> dict[str, Any]:
+        return {
+            "error": {
+                "message": self.message,
+                "type": self.type,
+                "param": self.param,
+                "code": self.code,
+            }
+        }
+
+
+@dataclasses.dataclass(frozen=True)
+class SamplingBounds:
+    """What the endpoint allows a request to ask for."""
+
+    max_tokens: int  # the most tokens one completion may have (the env's response length)
+    context_length: int  # the most prompt tokens
+    max_stop: int = 4  # stop strings per request, as OpenAI allows
+
+
+@dataclasses.dataclass(frozen=True)
+class ChatRequest:
+    """A checked `/v1/chat/completions` request."""
+
+    messages: tuple[dict[str, Any], ...]
+    tools: tuple[dict[str, Any], ...]
+    temperature: float
+    top_p: float
+    max_tokens: int
+    stop: tuple[str, ...]
+
+
+def _number(body: Mapping[str, Any], name: str, default: float, low: float, high: float) -> float:
+    value = body.get(name, default)
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        raise OpenAIError(400, f"'{name}' must be a number, got {value!r}", param=name)
+    if not low <= value <= high:
+        raise OpenAIError(
+            400,
+            f"{value} is not a valid value for '{name}': it must be between {low:g} and {high:g}",
+            param=name,
+            code="invalid_value",
+        )
+    return float(value)
+
+
+def _message(index: int, message: Any) -> dict[str, Any]:
+    where = f"messages[{index}]"
+    if not isinstance(message, Mapping):
+        raise OpenAIError(400, f"'{where}' must be an object", param=where)
+    role = message.get("role")
+    if role not in _ROLES:
+        raise OpenAIError(
+            400,
+            f"Invalid value for '{where}.role': {role!r}; supported values are "
+            + ", ".join(f"'{r}'" for r in _ROLES),
+            param=f"{where}.role",
+            code="invalid_value",
+        )
+    content = message.get("content")
+    if isinstance(content, list):  # content parts: the text ones, joined
+        parts = [p.get("text", "") for p in content if isinstance(p, Mapping)]
+        if len(parts) != len(content) or any(
+            p.get("type") != "text" for p in content if isinstance(p, Mapping)
+        ):
+            raise OpenAIError(400, f"'{where}.content': only text parts are supported", param=where)
+        content = "".join(parts)
+    if content is not None and not isinstance(content, str):
+        raise OpenAIError(400, f"'{where}.content' must be a string", param=f"{where}.content")
+    checked: dict[str, Any] = {"role": role, "content": content or ""}
+    if role == "assistant" and message.get("tool_calls"):
+        checked["tool_calls"] = [
+            {
+                "type": "function",
+                "function": {
+                    "name": call["function"]["name"],
+                    # Templates render arguments as an object; OpenAI sends a JSON string.
+                    "arguments": _arguments(call["function"].get("arguments", "{}"), where),
+                },
+            }
+            for call in message["tool_calls"]
+        ]
+    if role == "tool" and message.get("tool_call_id") is not None:
+        checked["tool_call_id"] = message["tool_call_id"]
+    return checked
+
+
+def _arguments(arguments: Any, where: str) -> Any:
+    if not isinstance(arguments, str):
+        return arguments
+    try:
+        return json.loads(arguments)
+    except json.JSONDecodeError:
+        raise OpenAIError(
+            400, f"'{where}.tool_calls': arguments are not JSON", param=where
+        ) from None
+
+
+def parse_chat_request(body: Any, served_model: str, bounds: SamplingBounds) -> ChatRequest:
+    """A `/v1/chat/completions` body checked against what this endpoint serves; an
+    `OpenAIError` (the status and body OpenAI gives) for anything else."""
+    if not isinstance(body, Mapping):
+        raise OpenAIError(400, "The request body must be a JSON object")
+    model = body.get("model")
+    if model != served_model:
+        raise OpenAIError(
+            404,
+            f"The model `{model}` does not exist or you do not have access to it.",
+            param="model",
+            code="model_not_found",
+        )
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise OpenAIError(
+            400, "'messages' must be a non-empty array", param="messages", code="invalid_value"
+        )
+    if body.get("n", 1) not in (1, None):
+        raise OpenAIError(400, "n > 1 is not supported: send one request per completion", param="n")
+    if body.get("stream"):
+        raise OpenAIError(400, "stream is not supported", param="stream")
+    max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
+    if max_tokens is None:
+        max_tokens = bounds.max_tokens
+    if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
+        raise OpenAIError(
+            400, f"'max_tokens' must be a positive integer, got {max_tokens!r}", param="max_tokens"
+        )
+    if max_tokens > bounds.max_tokens:
+        raise OpenAIError(
+            400,
+            f"max_tokens is too large: {max_tokens}. This model supports at most "
+            f"{bounds.max_tokens} completion tokens.",
+            param="max_tokens",
+            code="invalid_value",
+        )
+    stop = body.get("stop") or ()
+    stop = (stop,) if isinstance(stop, str) else tuple(stop)
+    if len(stop) > bounds.max_stop or not all(isinstance(s, str) and s for s in stop):
+        raise OpenAIError(
+            400, f"'stop' takes up to {bounds.max_stop} non-empty strings", param="stop"
+        )
+    tools = body.get("tools") or ()
+    if not isinstance(tools, list | tuple) or not all(
+        isinstance(t, Mapping) and t.get("type") == "function" and "function" in t for t in tools
+    ):
+        raise OpenAIError(400, "'tools' must be an array of function tools", param="tools")
+    return ChatRequest(
+        messages=tuple(_message(i, m) for i, m in enumerate(messages)),
+        tools=tuple(dict(t) for t in tools),
+        temperature=_number(body, "temperature", 1.0, 0.0, 2.0),
+        top_p=_number(body, "top_p", 1.0, 0.0, 1.0),
+        max_tokens=max_tokens,
+        stop=stop,
+    )
+
+
+def context_exceeded(prompt_tokens: int, bounds: SamplingBounds) -> OpenAIError:
+    """The error OpenAI gives for a prompt past the model's context."""
+    return OpenAIError(
+        400,
+        f"This model's maximum context length is {bounds.context_length} tokens. However, your "
+        f"messages resulted in {prompt_tokens} tokens. Please reduce the length of the messages.",
+        param="messages",
+        code="context_length_exceeded",
+    )
+
+
+def split_tool_calls(text: str) -> tuple[str | None, list[dict[str, Any]]]:
+    """A completion's text without its `<tool_call>` blocks (None if nothing else is left)
+    and those calls in OpenAI's `tool_calls` form. A block that is not a JSON object with a
+    string `name` stays in the text."""
+    calls = []
+    kept = []
+    position = 0
+    for match in _TOOL_CALL.finditer(text):
+        try:
+            call = json.loads(match.group(1))
+        except json.JSONDecodeError:
+            continue
+        if not isinstance(call, dict) or not isinstance(call.get("name"), str):
+            continue
+        kept.append(text[position : match.start()])
+        position = match.end()
+        calls.append(
+            {
+                "id": f"call_{uuid.uuid4().hex[:24]}",
+                "type": "function",
+                "function": {
+                    "name": call["name"],
+                    "arguments": json.dumps(call.get("arguments", {})),
+                },
+            }
+        )
+    kept.append(text[position:])
+    content = "".join(kept).strip()
+    return (content or None) if calls else text, calls
+
+
+def chat_completion(
+    model: str,
+    text: str,
+    finish_reason: str,
+    prompt_tokens: int,
+    completion_tokens: int,
+    tools_offered: bool,
+) -> dict[str, Any]:
+    """The `/v1/chat/completions` response for one completion; tool calls are split out only
+    when the request offered tools. `finish_reason`: `stop` or `length`."""
+    content, calls = split_tool_calls(text) if tools_offered else (text, [])
+    message: dict[str, Any] = {"role": "assistant", "content": content}
+    if calls:
+        message["tool_calls"] = calls
+        finish_reason = "tool_calls"
+    return {
+        "id": f"chatcmpl-{uuid.uuid4().hex}",
+        "object": "chat.completion",
+        "created": int(time.time()),
+        "model": model,
+        "choices": [
+            {"index": 0, "message": message, "finish_reason": finish_reason, "logprobs": None}
+        ],
+        "usage": {
+            "prompt_tokens": prompt_tokens,
+            "completion_tokens": completion_tokens,
+            "total_tokens": prompt_tokens + completion_tokens,
+        },
+    }
+
+
+def models_list(model: str, created: int) -> dict[str, Any]:
+    """The `/v1/models` response: the one model served."""
+    return {
+        "object": "list",
+        "data": [{"id": model, "object": "model", "created": created, "owned_by": "agentenv_jax"}],
+    }
+
+
+def render_messages(messages: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """Messages as a chat template takes them: `developer` turns are system turns."""
+    return [
+        dict(message, role="system") if message["role"] == "developer" else dict(message)
+        for message in messages
+    ]
