@@ -174,3 +174,29 @@ def test_a_hostile_program_is_one_tool_turn_and_the_env_goes_on():
     question = re.search(r"What is (\d+[-+*]\d+)\?", env.transcript(0)).group(1)
     _, reward, terminated, _, _ = env.step(say(str(eval(question))))  # noqa: S307
     assert reward[0] == 1.0 and terminated[0]
+
+
+HOSTILE = {
+    "an infinite loop": "while True:\n    pass",
+    "a loop in C holding the GIL": "sum([[0] * 4000] * 4000, [])",
+    "a memory bomb": "x = bytearray(8 << 30)",
+    "a fork bomb": "import os\nwhile True:\n    os.fork()",
+    "1 GB of output": "import sys\nwhile True:\n    sys.stdout.write('x' * 65536)",
+    "a 10 GB file": "with open('big', 'wb') as f:\n    for _ in range(10240):\n        f.write(bytes(1 << 20))",
+    "reading /etc/shadow": "print(open('/etc/shadow').read())",
+    "writing outside its folder": "open('/usr/evil', 'w').write('x')",
+    "connecting out": "import socket\nsocket.create_connection(('127.0.0.1', 22), timeout=1)",
+    "killing its parent": "import os, signal\nos.kill(os.getppid(), signal.SIGKILL)",
+    "sleeping past the limit": "import time\ntime.sleep(60)",
+}
+
+
+@pytest.mark.parametrize("program", HOSTILE.values(), ids=HOSTILE.keys())
+def test_each_hostile_program_is_one_error_turn_of_the_code_tool(program):
+    tools = task(("code",), time_limit_s=1.0, tool_error_reward=-0.5)
+    reply = tools.reply(call("code", program, "code"))
+    # One tool turn that says the program failed, with the error reward; the episode goes on.
+    assert reply.role == "tool" and not reply.done and reply.reward == -0.5
+    assert re.match(r"exit status: (1\n|killed)", reply.text), reply.text[:200]
+    assert not sandbox_processes(tools._pool)
+    assert tools.reply(call("code", "print(6 * 7)", "code")).text == "exit status: 0\nstdout:\n42\n"
