@@ -17,6 +17,9 @@ Not Gymnasium envs, so not checked here (each has its own API and tests):
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import gymnasium as gym
 import pytest
 from gymnasium.utils.env_checker import check_env
@@ -76,3 +79,20 @@ def test_every_gymnasium_env_passes_check_env(env_id, kwargs, monkeypatch):
         check_env(env)
     finally:
         env.close()
+
+
+@pytest.mark.slow  # a fresh interpreter, to see what importing and making the env loads
+def test_a_gymnasium_env_does_not_load_the_text_tasks():
+    """An env rank of a registered Gymnasium env never imports the text registry (every text
+    task, the datasets, the rewards, the sandbox: ~5 MB of each env rank)."""
+    probe = (
+        "import sys\n"
+        "from agentenv_jax.config.schema import EnvConfig\n"
+        "from agentenv_jax.envs import make_vector_env\n"
+        "make_vector_env(EnvConfig(id='CartPole-v1'), 2).close()\n"
+        "print(sorted(m for m in sys.modules if m.startswith('agentenv_jax.envs.text')))\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, timeout=120, check=True
+    )
+    assert proc.stdout.strip() == "[]", proc.stdout

@@ -117,13 +117,19 @@ def make_vector_env(
     `TextVectorEnv` whose envs answer each prompt `group_size` times (`algorithm.group_size`),
     in the tokens of `tokenizer` (default: bytes), its episodes in rounds where
     `episode_groups` (a group baseline over a multi-turn task's episodes)."""
-    from agentenv_jax.envs.text.registry import is_text_env, make_text_vector_env
+    # NOTE: a registered Gymnasium id is never a text env (their ids are kept apart: see
+    # tests/test_env_registry.py), and importing the text registry brings every text task
+    # (datasets, rewards, the sandbox): ~5 MB of each CartPole or Atari env rank for nothing.
+    if config.id not in gym.registry:
+        from agentenv_jax.envs.text.registry import is_text_env, make_text_vector_env
 
-    if is_text_env(config.id):
-        kwargs = dict(config.kwargs)
-        if group_size > 1:
-            kwargs["group_size"] = group_size
-        return make_text_vector_env(config.id, local_num_envs, kwargs, tokenizer, episode_groups)
+        if is_text_env(config.id):
+            kwargs = dict(config.kwargs)
+            if group_size > 1:
+                kwargs["group_size"] = group_size
+            return make_text_vector_env(
+                config.id, local_num_envs, kwargs, tokenizer, episode_groups
+            )
     if is_multi_agent(config.id):
         env = make_multi_agent_env(
             config.id, local_num_envs, config.kwargs, config.max_episode_steps
