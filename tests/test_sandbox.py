@@ -26,7 +26,9 @@ pytestmark = [
     ),
 ]
 
-LIMITS = {"wall_s": 2.0, "cpu_s": 2.0, "memory_mb": 512, "file_mb": 4, "processes": 16}
+# The CPU-time limit above the wall clock's: a busy loop is then stopped by the wall clock
+# alone (with the two equal, an idle machine gives it its CPU second first, SIGXCPU).
+LIMITS = {"wall_s": 2.0, "cpu_s": 4.0, "memory_mb": 512, "file_mb": 4, "processes": 16}
 SECRET = "agentenv-test-secret-7f3a"
 
 
@@ -113,6 +115,15 @@ def test_an_infinite_loop_is_killed_at_the_wall_clock_limit(pool):
     assert result.timed_out and not result.sandbox_lost
     assert result.wall_s >= LIMITS["wall_s"]
     assert result.failure(pool.settings) == "killed at the wall-clock limit of 2 s"
+
+
+def test_a_busy_loop_is_killed_at_the_cpu_time_limit():
+    require_bubblewrap()
+    settings = SandboxSettings(isolation="bubblewrap", workers=1, wall_s=10, cpu_s=1)
+    with SandboxPool(settings) as pool:
+        result = pool.run_source("while True:\n    pass")
+        assert result.signal == signal.SIGXCPU and not result.timed_out
+        assert result.failure(settings) == "killed at the CPU-time limit of 1 s"
 
 
 def test_a_loop_in_c_that_holds_the_gil_is_killed(pool):
@@ -282,7 +293,8 @@ def test_commands_run_from_the_sandbox_path(pool):
 def test_other_isolations_run_and_limit_programs(isolation):
     if shutil.which("unshare") is None and isolation == "unshare":
         pytest.skip("unshare is not installed")
-    with SandboxPool(SandboxSettings(isolation=isolation, workers=1, wall_s=1, cpu_s=1)) as pool:
+    settings = SandboxSettings(isolation=isolation, workers=1, wall_s=1, cpu_s=2)
+    with SandboxPool(settings) as pool:
         assert pool.isolation == isolation
         assert pool.run_source("print(6 * 7)").stdout == "42\n"
         assert pool.run_source("while True:\n    pass").timed_out

@@ -93,7 +93,9 @@ def test_a_users_tool_that_holds_the_gil_is_stopped_when_it_opts_in():
 
 
 def test_the_code_tool_returns_the_programs_output_and_status():
-    tools = task(("code",), time_limit_s=2.0)
+    # CPU time above the wall clock's 2 s, so that the loop below meets the wall clock first
+    # (with the two equal, an idle machine gives it its CPU seconds first: SIGXCPU).
+    tools = task(("code",), time_limit_s=2.0, sandbox={"cpu_s": 4.0})
     assert "- code(code): Runs a Python program" in tools.reset(np.random.default_rng(0))
     ran = tools.reply(call("code", "print(sum(range(10)))", "code"))
     assert ran.text == "exit status: 0\nstdout:\n45\n" and ran.reward == 0.0
