@@ -53,17 +53,21 @@ def child_uid(slot: int, pid: int | None = None) -> int:
 def python_paths() -> list[str]:
     """The folders this interpreter and its packages live in: what a sandboxed Python needs
     to read."""
-    paths = {sys.prefix, sys.base_prefix, str(Path(sys.executable).resolve().parent.parent)}
-    return _outermost(paths)
+    return [sys.prefix, sys.base_prefix, str(Path(sys.executable).resolve().parent.parent)]
 
 
-def _outermost(paths: Sequence[str] | set[str]) -> list[str]:
+def _within(path: str, folder: str) -> bool:
+    """Whether `path` is `folder` or inside it."""
+    return path == folder or path.startswith(folder.rstrip("/") + "/")
+
+
+def _outermost(paths: Sequence[str]) -> list[str]:
     """`paths` without those inside another one (or inside a system folder)."""
     chosen: list[str] = []
     for path in sorted({str(Path(p)) for p in paths}, key=len):
-        if not any(path == c or path.startswith(c.rstrip("/") + "/") for c in chosen):
+        if not any(_within(path, c) for c in chosen):
             chosen.append(path)
-    return [p for p in chosen if not any(p.startswith(s + "/") for s in _SYSTEM_FOLDERS)]
+    return [p for p in chosen if not any(_within(p, s) and p != s for s in _SYSTEM_FOLDERS)]
 
 
 def bubblewrap_command(
@@ -107,12 +111,12 @@ def bubblewrap_command(
     # their modes (a home folder's 0700 would hide the interpreter from a program's user id).
     above = {str(parent) for path in bound for parent in Path(path).parents if parent != Path("/")}
     for folder in sorted(above, key=lambda f: (f.count("/"), f)):
-        if not any(folder == s or folder.startswith(s + "/") for s in _SYSTEM_FOLDERS):
+        if not any(_within(folder, s) for s in _SYSTEM_FOLDERS):
             argv += ["--perms", "0755", "--dir", folder]
     for path in bound:
         argv += ["--ro-bind", path, path]
     argv += ["--clearenv", "--chdir", SANDBOX_TMP]
-    return [*argv, "--", sys.executable, "-I", str(WORKER_FILE), worker_settings]
+    return [*argv, "--", *plain_command(worker_settings)]
 
 
 def unshare_command(worker_settings: str, as_root: bool) -> list[str]:
@@ -122,7 +126,7 @@ def unshare_command(worker_settings: str, as_root: bool) -> list[str]:
     if not as_root:
         argv += ["--user", "--map-root-user"]
     argv += ["--pid", "--fork", "--kill-child", "--mount-proc", "--net", "--ipc", "--uts"]
-    return [*argv, "--", sys.executable, "-I", str(WORKER_FILE), worker_settings]
+    return [*argv, "--", *plain_command(worker_settings)]
 
 
 def plain_command(worker_settings: str) -> list[str]:

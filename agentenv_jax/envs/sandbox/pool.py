@@ -292,7 +292,6 @@ class SandboxWorker:
         )
         self._buffer = b""
         ready = self._read_reply(started + _START_TIMEOUT_S)
-        self.start_s = time.monotonic() - started
         if not isinstance(ready, dict) or not ready.get("ready"):
             why = self._start_failure()
             self.close()
@@ -300,8 +299,7 @@ class SandboxWorker:
 
     def _start_failure(self) -> str:
         self._kill()
-        self._errors.seek(0)
-        lines = self._errors.read().decode("utf-8", "replace").strip().splitlines()
+        lines = self._worker_errors().strip().splitlines()
         code = self._process.returncode
         return f"its worker exited ({code}) before it was ready: {(lines or ['no output'])[-1]}"
 

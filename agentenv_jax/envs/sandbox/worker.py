@@ -194,7 +194,10 @@ def _child(request: dict, settings: dict, modules: dict, fds: dict) -> None:
 
 def _empty(folder: str, uid: int | None) -> None:
     """Remove everything in `folder`, as the programs' user `uid` where one is set: the worker
-    has no right to delete their files in a sticky /tmp, and needs none."""
+    has no right to delete their files in a sticky /tmp, and needs none. Most programs leave
+    nothing, and then no process is forked for it."""
+    if not os.listdir(folder):
+        return
     if uid is not None:
         pid = os.fork()
         if pid == 0:

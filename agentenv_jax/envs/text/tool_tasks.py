@@ -302,12 +302,10 @@ class ToolTask:
             return 'error: code takes one argument, "code": the program as a string', False
         history = self._cells if self._code_session else []
         result = self._pool.run_source(source, history=history)
-        failure = result.failure(self._settings)
         if result.ok and self._code_session:
             self._cells.append(source)
-        status = str(result.exit_code) if result.exit_code is not None else failure
-        if result.timed_out or result.output_exceeded or result.sandbox_lost:
-            status = failure
+        stopped = result.exit_code is None or result.timed_out or result.output_exceeded
+        status = result.failure(self._settings) if stopped else str(result.exit_code)
         return code_turn(status, result.stdout, result.stderr), result.ok
 
 
