@@ -108,6 +108,10 @@ def test_stdin_and_exit_status_and_traceback(pool):
     assert failed.failure(pool.settings) == "exited with status 1: ValueError: no"
     exited = run(pool, "raise SystemExit(3)")
     assert exited.exit_code == 3
+    # As Python exits: sys.exit() is status 0, sys.exit("why") prints it with status 1.
+    assert run(pool, "import sys; print('done'); sys.exit()").ok
+    said = run(pool, "import sys; sys.exit('no input')")
+    assert (said.exit_code, said.stderr) == (1, "no input\n")
 
 
 def test_an_infinite_loop_is_killed_at_the_wall_clock_limit(pool):

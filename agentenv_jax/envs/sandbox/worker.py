@@ -179,9 +179,14 @@ def _child(request: dict, settings: dict, modules: dict, fds: dict) -> None:
         else:
             _run_call(request["function"], request.get("kwargs", {}), modules)
     except SystemExit as exit_request:
-        code = exit_request.code if isinstance(exit_request.code, int) else 1
-        if exit_request.code is not None and not isinstance(exit_request.code, int):
-            print(exit_request.code, file=sys.stderr)
+        # As Python exits: no code is 0, a number is the status, anything else is printed
+        # and the status is 1.
+        code = exit_request.code
+        if code is None:
+            code = 0
+        elif not isinstance(code, int):
+            print(code, file=sys.stderr)
+            code = 1
     except BaseException:
         traceback.print_exc()
         code = 127 if request["kind"] == "command" else 1
