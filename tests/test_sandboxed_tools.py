@@ -11,6 +11,7 @@ import re
 import numpy as np
 import pytest
 from test_sandbox import require_bubblewrap, sandbox_processes
+from test_tool_env import _question, _say
 
 from agentenv_jax.envs.sandbox import close_shared_pools
 from agentenv_jax.envs.spaces import EnvError
@@ -161,20 +162,13 @@ def test_a_hostile_program_is_one_tool_turn_and_the_env_goes_on():
     env.reset(seed=2)
     bomb = "import os\nwhile True:\n    os.fork()"
 
-    def say(text: str) -> np.ndarray:
-        tokens = env.tokenizer.encode(text).tolist() + [env.tokenizer.eos_id]
-        row = np.full((1, env.text_spec.response_length), env.tokenizer.pad_id, np.int32)
-        row[0, : len(tokens)] = tokens
-        return row
-
-    _, reward, terminated, truncated, _ = env.step(say(call("code", bomb, "code")))
+    _, reward, terminated, truncated, _ = env.step(_say(env, call("code", bomb, "code")))
     assert not terminated[0] and not truncated[0] and reward[0] == 0.0
     # Its forks are refused past the process limit (or it is killed at the time limit).
     turn = env.transcript(0).split("\ntool: ")[-1]
     assert re.match(r"exit status: (1\n|killed)", turn)
     assert not sandbox_processes(env._tasks[0]._pool)
-    question = re.search(r"What is (\d+[-+*]\d+)\?", env.transcript(0)).group(1)
-    _, reward, terminated, _, _ = env.step(say(str(eval(question))))  # noqa: S307
+    _, reward, terminated, _, _ = env.step(_say(env, str(eval(_question(env)))))  # noqa: S307
     assert reward[0] == 1.0 and terminated[0]
 
 

@@ -32,6 +32,7 @@ from agentenv_jax.envs.text.tasks import (
     question_split,
     require_int,
     require_seconds,
+    require_split,
 )
 
 INSTRUCTION = "Answer with the function only, in a ```python code block."
@@ -106,18 +107,12 @@ class CodeTask:
         instruction: str = INSTRUCTION,
         sandbox: Mapping[str, Any] | str | None = None,
     ):
-        if split not in TASK_SPLITS:
-            raise EnvError(f"env.kwargs.split = {split!r}: expected one of {TASK_SPLITS}")
-        if isinstance(test_fraction, bool) or not isinstance(test_fraction, int | float):
-            raise EnvError(f"env.kwargs.test_fraction = {test_fraction!r}: expected a number")
-        if not 0 < test_fraction < 1:
-            raise EnvError(f"env.kwargs.test_fraction = {test_fraction!r}: expected in (0, 1)")
+        self.test_fraction = require_split(split, test_fraction)
         self.tests = require_int("env.kwargs.tests", tests, 1, 100)
         require_seconds("env.kwargs.time_limit_s", time_limit_s, 60)
         if not isinstance(instruction, str):
             raise EnvError(f"env.kwargs.instruction = {instruction!r}: expected a string")
         self.split = split
-        self.test_fraction = float(test_fraction)
         self._instruction = instruction
         self._problems = [
             p for p in PROBLEMS if question_split(p.question, self.test_fraction) == split

@@ -49,6 +49,7 @@ from agentenv_jax.envs.text.tasks import (
     parse_number,
     question_split,
     require_int,
+    require_split,
 )
 from agentenv_jax.envs.text.verification import numbers_match
 
@@ -172,29 +173,17 @@ class ReasoningGymTask:
                     f"{dataset_name!r}{hint}; allowed: {', '.join(allowed)}"
                 )
         seed_offset = require_int("env.kwargs.seed_offset", seed_offset, 0)
-        for name, value, allowed_values in (
-            ("split", split, TASK_SPLITS),
-            ("answer_format", answer_format, _ANSWER_FORMATS),
-        ):
-            if value not in allowed_values:
-                raise EnvError(
-                    f"env.kwargs.{name} = {value!r} is not allowed: expected one of "
-                    f"{', '.join(allowed_values)}"
-                )
-        if (
-            isinstance(test_fraction, bool)
-            or not isinstance(test_fraction, int | float)
-            or not 0.0 < test_fraction < 1.0
-        ):
+        test_fraction = require_split(split, test_fraction)
+        if answer_format not in _ANSWER_FORMATS:
             raise EnvError(
-                f"env.kwargs.test_fraction = {test_fraction!r} is not allowed: expected a "
-                "number strictly between 0 and 1 (the share of questions held out for test)"
+                f"env.kwargs.answer_format = {answer_format!r} is not allowed: expected one of "
+                f"{', '.join(_ANSWER_FORMATS)}"
             )
         if not isinstance(instruction, str):
             raise EnvError(f"env.kwargs.instruction = {instruction!r}: expected a string")
         self.dataset_name = dataset_name
         self.split = split
-        self.test_fraction = float(test_fraction)
+        self.test_fraction = test_fraction
         self._size = _MATERIALIZED_RANGE if dataset_name in _MATERIALIZING else _INDEX_RANGE
         self._answer_format = answer_format
         self._instruction = instruction

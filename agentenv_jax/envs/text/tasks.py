@@ -110,6 +110,26 @@ def question_split(question: str, test_fraction: float) -> str:
     return "test" if int.from_bytes(digest, "big") < test_fraction * 2**64 else "train"
 
 
+def require_split(split: object, test_fraction: object) -> float:
+    """`test_fraction` as a float if `split` is one of `TASK_SPLITS` and `test_fraction` a
+    number strictly between 0 and 1 (the share of questions held out by `question_split`);
+    otherwise an `EnvError` naming the setting, its value and what is allowed."""
+    if split not in TASK_SPLITS:
+        raise EnvError(
+            f"env.kwargs.split = {split!r} is not allowed: expected one of {', '.join(TASK_SPLITS)}"
+        )
+    if (
+        isinstance(test_fraction, bool)
+        or not isinstance(test_fraction, int | float)
+        or not 0.0 < test_fraction < 1.0
+    ):
+        raise EnvError(
+            f"env.kwargs.test_fraction = {test_fraction!r} is not allowed: expected a "
+            "number strictly between 0 and 1 (the share of questions held out for test)"
+        )
+    return float(test_fraction)
+
+
 def require_seconds(field: str, value: object, maximum: float) -> float:
     """`value` as a float if it is a number of seconds in (0, `maximum`] (bools are not);
     otherwise an `EnvError` naming `field`, the value and the allowed range."""
