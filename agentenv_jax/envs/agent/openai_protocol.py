@@ -110,6 +110,7 @@ def _message(index: int, message: Any) -> dict[str, Any]:
     if role == "assistant" and message.get("tool_calls"):
         checked["tool_calls"] = [
             {
+                "id": call.get("id"),
                 "type": "function",
                 "function": {
                     "name": call["function"]["name"],
@@ -274,9 +275,102 @@ def models_list(model: str, created: int) -> dict[str, Any]:
     }
 
 
-def render_messages(messages: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
-    """Messages as a chat template takes them: `developer` turns are system turns."""
-    return [
-        dict(message, role="system") if message["role"] == "developer" else dict(message)
-        for message in messages
-    ]
+def render_messages(
+    messages: Sequence[Mapping[str, Any]], generated: Mapping[str, str] | None = None
+) -> list[dict[str, Any]]:
+    """Messages as a chat template takes them: `developer` turns are system turns, and an
+    assistant turn whose tool calls this endpoint issued (`generated`: call id -> the text the
+    model wrote, `<tool_call>` blocks and all) is that text again, as the model wrote it.
+    Re-rendering the calls from their JSON would change the text (key order, spacing) and so
+    the tokens the next prompt shows the model."""
+    rendered = []
+    for message in messages:
+        message = dict(message, role="system") if message["role"] == "developer" else dict(message)
+        calls = message.get("tool_calls") or ()
+        written = {generated[c["id"]] for c in calls if generated and c.get("id") in generated}
+        if len(written) == 1:
+            message["content"] = written.pop()
+            del message["tool_calls"]
+        rendered.append(message)
+    return rendered
+
+
+def with_tools_described(
+    messages: Sequence[Mapping[str, Any]], tools: Sequence[Mapping[str, Any]]
+) -> list[dict[str, Any]]:
+    """`messages` with the request's tools described in the system turn (a new first turn if
+    there is none): each function's JSON schema, and how to call one, in the `<tool_call>`
+    form that `split_tool_calls` reads. For chat templates that do not render `tools`."""
+    schemas = "\n".join(json.dumps(tool["function"]) for tool in tools)
+    described = (
+        "You can call these functions:\n<tools>\n"
+        f"{schemas}\n</tools>\n"
+        "To call one, write a JSON object with its name and arguments between tags:\n"
+        '<tool_call>\n{"name": "function name", "arguments": {"argument": "value"}}\n'
+        "</tool_call>\nThe result comes back in a tool turn."
+    )
+    messages = [dict(m) for m in messages]
+    if messages and messages[0]["role"] == "system":
+        messages[0]["content"] = f"{messages[0]['content']}\n\n{described}".strip()
+    else:
+        messages.insert(0, {"role": "system", "content": described})
+    return messages
+
+
+@dataclasses.dataclass(frozen=True)
+class CompletionRequest:
+    """A checked `/v1/completions` request: a prompt as text or as token ids."""
+
+    prompt: str | tuple[int, ...]
+    temperature: float
+    top_p: float
+    max_tokens: int
+    stop: tuple[str, ...]
+
+
+def parse_completion_request(
+    body: Any, served_model: str, bounds: SamplingBounds
+) -> CompletionRequest:
+    """A `/v1/completions` body checked as `parse_chat_request` checks a chat one; its prompt
+    is one string or one list of token ids."""
+    if not isinstance(body, Mapping):
+        raise OpenAIError(400, "The request body must be a JSON object")
+    prompt = body.get("prompt")
+    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str | list):
+        prompt = prompt[0]  # a batch of one
+    if (
+        isinstance(prompt, list)
+        and prompt
+        and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt)
+    ):
+        prompt = tuple(prompt)
+    elif not isinstance(prompt, str) or not prompt:
+        raise OpenAIError(
+            400,
+            "'prompt' must be a non-empty string or a non-empty array of token ids (one prompt "
+            "per request)",
+            param="prompt",
+            code="invalid_value",
+        )
+    chat = parse_chat_request(
+        {**body, "messages": [{"role": "user", "content": ""}]}, served_model, bounds
+    )
+    return CompletionRequest(prompt, chat.temperature, chat.top_p, chat.max_tokens, chat.stop)
+
+
+def text_completion(
+    model: str, text: str, finish_reason: str, prompt_tokens: int, completion_tokens: int
+) -> dict[str, Any]:
+    """The `/v1/completions` response for one completion."""
+    return {
+        "id": f"cmpl-{uuid.uuid4().hex}",
+        "object": "text_completion",
+        "created": int(time.time()),
+        "model": model,
+        "choices": [{"index": 0, "text": text, "finish_reason": finish_reason, "logprobs": None}],
+        "usage": {
+            "prompt_tokens": prompt_tokens,
+            "completion_tokens": completion_tokens,
+            "total_tokens": prompt_tokens + completion_tokens,
+        },
+    }

@@ -19,7 +19,7 @@ Pure functions of lists of ints and floats.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 
 @dataclasses.dataclass(frozen=True)
@@ -28,10 +28,12 @@ class ModelCall:
 
     prompt_ids: tuple[int, ...]  # the rendered prompt's token ids, as fed to the model
     completion_ids: tuple[int, ...]  # the ids it sampled (a stop token included if sampled)
-    logprobs: tuple[float, ...]  # each sampled id's log-prob under the behaviour policy
+    # Each sampled id's log-prob under the behaviour policy, where the recorder has them: the
+    # agent env sees ids only, and the actor stores the log-probs with the call's step.
+    logprobs: tuple[float, ...] | None = None
 
     def __post_init__(self) -> None:
-        if len(self.logprobs) != len(self.completion_ids):
+        if self.logprobs is not None and len(self.logprobs) != len(self.completion_ids):
             raise ValueError(
                 f"{len(self.completion_ids)} completion ids but {len(self.logprobs)} log-probs"
             )
@@ -41,11 +43,12 @@ class ModelCall:
 class TrainingSequence:
     """Calls joined into one token sequence: `tokens` `[T]`, `trainable` `[T]` (True where the
     model sampled the token) and `logprobs` `[T]` (the behaviour log-prob where trainable,
-    0.0 elsewhere). `prompt_length` tokens of context come before the first completion."""
+    0.0 elsewhere; None where a call was recorded without them). `prompt_length` tokens of
+    context come before the first completion."""
 
     tokens: tuple[int, ...]
     trainable: tuple[bool, ...]
-    logprobs: tuple[float, ...]
+    logprobs: tuple[float, ...] | None
     prompt_length: int
     calls: int  # how many calls it joins
 
@@ -65,11 +68,17 @@ def join_calls(calls: Sequence[ModelCall]) -> list[TrainingSequence]:
     prompt_length = 0
     joined = 0
 
+    scored = all(call.logprobs is not None for call in calls)
+
     def close() -> None:
         if joined:
             sequences.append(
                 TrainingSequence(
-                    tuple(tokens), tuple(trainable), tuple(logprobs), prompt_length, joined
+                    tuple(tokens),
+                    tuple(trainable),
+                    tuple(logprobs) if scored else None,
+                    prompt_length,
+                    joined,
                 )
             )
 
@@ -86,7 +95,42 @@ def join_calls(calls: Sequence[ModelCall]) -> list[TrainingSequence]:
         logprobs += [0.0] * len(context)
         tokens += call.completion_ids
         trainable += [True] * len(call.completion_ids)
-        logprobs += call.logprobs
+        logprobs += call.logprobs or [0.0] * len(call.completion_ids)
         joined += 1
     close()
     return sequences
+
+
+@dataclasses.dataclass(frozen=True)
+class AnsweredCall:
+    """A call as the endpoint rendered and answered it, kept for the run's next call."""
+
+    prompt_text: str  # the rendered prompt
+    prompt_ids: tuple[int, ...]
+    completion_ids: tuple[int, ...]  # the end-of-turn id last where the model sampled it
+    completion_text: str  # its text as returned, without the end-of-turn token
+
+
+def prompt_ids_after(
+    previous: AnsweredCall | None,
+    rendered: str,
+    encode: Callable[[str], Sequence[int]],
+    eos_token: str,
+    eos_id: int,
+) -> list[int]:
+    """The ids of the prompt `rendered` (a chat template's text): where it extends the previous
+    call's prompt and completion as text, those calls' ids exactly as they were fed and
+    sampled, then the new text's; else the text's own ids. Re-encoding the whole text would
+    re-tokenize the model's completion, which need not give back the ids it sampled."""
+    if previous is not None:
+        head = previous.prompt_text + previous.completion_text
+        ended = bool(previous.completion_ids) and previous.completion_ids[-1] == eos_id
+        if ended:
+            head += eos_token
+        if rendered.startswith(head):
+            return [
+                *previous.prompt_ids,
+                *previous.completion_ids,
+                *encode(rendered[len(head) :]),
+            ]
+    return list(encode(rendered))

@@ -14,6 +14,8 @@
   `textarena/GuessTheNumber-v0`), or two-player in self-play (`textarena/TicTacToe-v0`);
 * `skyrl_gym/<env>`: `skyrl_gym_tasks.SkyRLGymTask`, a skyrl-gym env (e.g. `skyrl_gym/gsm8k`)
   over rows of SkyRL's dataset layout;
+* `agent`: `envs.agent.vector_env.AgentVectorEnv`, a user's agent program (an async function
+  given an `openai.AsyncOpenAI` client) whose model calls an endpoint of the policy serves;
 * `package.module:TaskClass`: a user's own task, any class that follows the `TextTask`
   protocol (`reset(rng)` and `reply(message)`), made with `env.kwargs` as its kwargs.
 
@@ -33,6 +35,11 @@ from typing import Any
 
 import gymnasium as gym
 
+from agentenv_jax.envs.agent.vector_env import (
+    AGENT_ENV_ID,
+    AgentVectorEnv,
+    make_agent_vector_env,
+)
 from agentenv_jax.envs.import_path import import_object
 from agentenv_jax.envs.spaces import EnvError
 from agentenv_jax.envs.text.code_tasks import CodeTask
@@ -100,14 +107,17 @@ def is_text_env(env_id: str) -> bool:
     """Whether `env_id` names a text env: a built-in one, `reasoning_gym/<dataset>`, or a
     user's task class (`package.module:Class`, imported to tell)."""
     return (
-        env_id in _BUILT_IN or env_id.startswith(_PREFIXES) or user_task_class(env_id) is not None
+        env_id in _BUILT_IN
+        or env_id == AGENT_ENV_ID
+        or env_id.startswith(_PREFIXES)
+        or user_task_class(env_id) is not None
     )
 
 
 def has_splits(env_id: str) -> bool:
     """Whether the text env `env_id` draws its problems from a train or a test side (its
     task takes `split`: reasoning-gym's, dataset files', skyrl-gym's, or a user's task)."""
-    if env_id.startswith(REASONING_GYM_PREFIX):
+    if env_id.startswith(REASONING_GYM_PREFIX) or env_id == AGENT_ENV_ID:
         return True
     task = next((task for prefix, task in _PREFIX_TASKS.items() if env_id.startswith(prefix)), None)
     if task is None and env_id in _BUILT_IN:
@@ -129,7 +139,7 @@ def text_env_seats(env_id: str) -> int:
 
 def close_text_env_id(env_id: str) -> str | None:
     """The built-in text env id `env_id` was probably meant to be, if any."""
-    close = difflib.get_close_matches(env_id, _BUILT_IN, n=1, cutoff=0.75)
+    close = difflib.get_close_matches(env_id, [*_BUILT_IN, AGENT_ENV_ID], n=1, cutoff=0.75)
     return close[0] if close else None
 
 
@@ -139,11 +149,14 @@ def make_text_vector_env(
     kwargs: dict[str, Any],
     tokenizer: Tokenizer | None = None,
     episode_groups: bool = False,
-) -> TextVectorEnv:
+) -> TextVectorEnv | AgentVectorEnv:
     """`num_envs` envs of the text env `env_id` with `env.kwargs` = `kwargs`, in the tokens of
     `tokenizer` (default: bytes); `EnvError` naming an unknown id or kwarg (with the allowed
     ones) or a bad value. With `episode_groups` (a group baseline) a multi-turn task's envs run
-    their episodes in rounds of its `max_turns` messages (`TextVectorEnv(round_turns=...)`)."""
+    their episodes in rounds of its `max_turns` messages (`TextVectorEnv(round_turns=...)`).
+    `agent` makes an `AgentVectorEnv` instead (its `max_calls` are the rounds' length)."""
+    if env_id == AGENT_ENV_ID:
+        return make_agent_vector_env(num_envs, kwargs, tokenizer or BYTE_TOKENIZER, episode_groups)
     if env_id.startswith(REASONING_GYM_PREFIX):
         dataset_name = env_id.removeprefix(REASONING_GYM_PREFIX)
         entry = TEXT_ENV_IDS[f"{REASONING_GYM_PREFIX}<dataset>"]
@@ -170,7 +183,8 @@ def make_text_vector_env(
         close = close_text_env_id(env_id)
         hint = f" (did you mean {close!r}?)" if close else ""
         raise EnvError(
-            f"env.id = {env_id!r} is not a text env{hint}; text envs: {', '.join(TEXT_ENV_IDS)}"
+            f"env.id = {env_id!r} is not a text env{hint}; text envs: "
+            f"{', '.join([*TEXT_ENV_IDS, AGENT_ENV_ID])}"
         )
     allowed = [*ENV_KWARGS, *task_kwargs]
     for name in kwargs:
