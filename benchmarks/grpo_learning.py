@@ -20,8 +20,11 @@ training accuracy per update (`agentenv plot --metric accuracy`).
     python benchmarks/grpo_learning.py --config experiments/gsm_symbolic_smollm2.yaml \
         --set env.kwargs.path=/tmp/gsm/train.jsonl --set env.kwargs.test_path=/tmp/gsm/test.jsonl
     python benchmarks/grpo_learning.py --config experiments/code_smollm2.yaml --episodes 144
+    python benchmarks/grpo_learning.py --config experiments/agent_calculator_smollm2.yaml \
+        --seeds 0 --episodes 128
 
-For the code task (`Code-v0`) accuracy is the share of answers that pass all their hidden
+For the agent example (`env.id: agent`, an agent program on the `openai` client) the questions
+are `example_agents.arithmetic_rows`'s. For the code task (`Code-v0`) accuracy is the share of answers that pass all their hidden
 tests, and the mean return the share of hidden tests passed.
 """
 
@@ -84,6 +87,11 @@ def split_sizes(config_path: Path, overrides: list[str], entries: int = 200_000)
         }
     if config.env.id == "agentenv_jax/Code-v0":
         return code_split_sizes(kwargs.get("test_fraction", 0.2))
+    if config.env.id == "agent":  # the shipped example's generator counts its questions
+        from agentenv_jax.envs.import_path import import_object
+
+        module = kwargs["rows"].rpartition(":")[0]
+        return import_object(f"{module}:split_sizes", "env.kwargs.rows")()
     dataset = config.env.id.split("/", 1)[1]
     return ReasoningGymTask(dataset, **kwargs).distinct_questions(entries)
 

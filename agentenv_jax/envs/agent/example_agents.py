@@ -60,6 +60,14 @@ def arithmetic_rows(rng: np.random.Generator, split: str = "train") -> dict[str,
             return {"question": question, "answer": answer}
 
 
+def split_sizes() -> dict[str, int]:
+    """How many distinct questions `arithmetic_rows` asks on each side of the split."""
+    questions = [f"What is {a} + {b}?" for a in range(11, 100) for b in range(11, 100)]
+    questions += [f"What is {a} * {b}?" for a in range(11, 100) for b in range(3, 10)]
+    sides = [question_split(question, TEST_FRACTION) for question in questions]
+    return {"train": sides.count("train"), "test": sides.count("test")}
+
+
 def calculate(expression: str) -> str:
     """The value of an arithmetic expression, or an error text (the agent's own tool: it runs
     in the agent's process, as a user's tools do)."""
