@@ -24,8 +24,8 @@ training accuracy per update (`agentenv plot --metric accuracy`).
         --seeds 0 --episodes 128
 
 For the agent example (`env.id: agent`, an agent program on the `openai` client) the questions
-are `example_agents.arithmetic_rows`'s. For the code task (`Code-v0`) accuracy is the share of answers that pass all their hidden
-tests, and the mean return the share of hidden tests passed.
+are `example_agents.arithmetic_rows`'s. For the code task (`Code-v0`) accuracy is the share of
+answers that pass all their hidden tests, and the mean return the share of hidden tests passed.
 """
 
 from __future__ import annotations

@@ -6,6 +6,7 @@ import dataclasses
 import importlib
 import json
 import os
+import platform
 import shutil
 import signal
 import subprocess
@@ -285,6 +286,9 @@ try:
     import matplotlib.font_manager  # noqa: F401
 except ImportError:
     pass
+# The openai client's first request reads platform.processor() for its headers, which runs
+# `uname -p` once a process (cached after): done here for the same reason.
+platform.processor()
 
 
 @pytest.hookimpl(hookwrapper=True)

@@ -106,6 +106,17 @@ class AgentAccounting:
         return self.runs_started - sum(self.ended.values())
 
 
+@dataclasses.dataclass(frozen=True)
+class EndedRun:
+    """A run that ended: its row, how it ended, its reward and its model calls (the ids fed
+    and sampled; `sequences.join_calls` makes them training sequences)."""
+
+    row: dict[str, Any]
+    ending: str
+    reward: float
+    calls: tuple[ModelCall, ...]
+
+
 @dataclasses.dataclass(eq=False)
 class _Call:
     prompt_ids: np.ndarray
@@ -256,7 +267,11 @@ class AgentVectorEnv(gym.vector.VectorEnv):
         )
         self.action_space = gym.vector.utils.batch_space(self.single_action_space, self.num_envs)
         self.accounting = AgentAccounting()
+        # The newest ended runs, for people (`agentenv eval --dialogues`) and for inspection.
         self.finished_transcripts: collections.deque[tuple[str, bool, float]] = collections.deque(
+            maxlen=FINISHED_TRANSCRIPTS
+        )
+        self.ended_runs: collections.deque[EndedRun] = collections.deque(
             maxlen=FINISHED_TRANSCRIPTS
         )
         self._changed = threading.Condition()
@@ -329,9 +344,9 @@ class AgentVectorEnv(gym.vector.VectorEnv):
             if run.ending is not None:  # already ended by the env (timed out, cut)
                 return
             if task.cancelled():
-                run.ending = "timed_out"
+                run.ending, run.reward = "timed_out", self._failure_reward
             elif (err := task.exception()) is not None:
-                run.ending = "raised"
+                run.ending, run.reward = "raised", self._failure_reward
                 self._note_error(run, "".join(traceback.format_exception(err)))
             else:
                 run.ending, run.reward = self._reward_of(run, task.result())
@@ -642,6 +657,7 @@ class AgentVectorEnv(gym.vector.VectorEnv):
         self.accounting.ended[run.ending] += 1
         self.accounting.runs_without_calls += not run.calls
         self.accounting.sequences += len(join_calls(run.calls))
+        self.ended_runs.append(EndedRun(run.row, run.ending, run.reward, tuple(run.calls)))
         if run.calls:
             success = run.ending == "finished" and run.reward >= self._success_reward
             self.finished_transcripts.append((self._transcript(run), success, run.reward))
