@@ -22,7 +22,7 @@ from agentenv_jax.envs.text.tasks import extract_answer, question_split
 
 MODEL = "policy"  # the endpoint's model name (env.kwargs.model_name)
 TEST_FRACTION = 0.2
-MAX_MODEL_CALLS = 3  # the calculator twice, then an answer
+MAX_MODEL_CALLS = 2  # the calculator, then an answer
 INSTRUCTIONS = (
     "Answer the question with a number. Use the calculator tool for the arithmetic, then give "
     "the result."
