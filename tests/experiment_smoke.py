@@ -28,6 +28,12 @@ from test_training import assert_reconciles
 TRAINED_AS_SHIPPED = {"arithmetic_smollm2.yaml": "tests/test_smollm2_grpo.py"}
 
 
+def turns_setting(config) -> str:
+    """The env.kwargs entry that bounds a text env's messages per episode: an agent env's
+    model calls per run, a task's turns."""
+    return "max_calls" if config.env.id == "agent" else "max_turns"
+
+
 def experiments(kind: str) -> list[Path]:
     """The shipped experiment files of `kind`: "pretrained" (a pretrained language model on a
     single-turn task), "pretrained_multi_turn" (on a multi-turn one: a module of its own, as
@@ -36,7 +42,7 @@ def experiments(kind: str) -> list[Path]:
     def kind_of(path: Path) -> str:
         config = load_config(path)
         if config.network.language_model.pretrained is not None:
-            multi_turn = config.env.kwargs.get("max_turns", 1) > 1
+            multi_turn = config.env.kwargs.get(turns_setting(config), 1) > 1
             return "pretrained_multi_turn" if multi_turn else "pretrained"
         return "atari" if config.env.preset == "atari" else "other"
 
@@ -78,9 +84,9 @@ def run_smoke(path: Path, run_dir: Path) -> None:
         ]
         if getattr(shipped.algorithm, "advantage", "gae") != "gae":
             overrides += ["algorithm.group_size=2"]
-        if shipped.env.kwargs.get("max_turns", 1) > 1:
+        if shipped.env.kwargs.get(turns_setting(shipped), 1) > 1:
             # A multi-turn task's group baseline takes whole rounds of episodes: two messages.
-            overrides += ["env.kwargs.max_turns=2", "algorithm.rollout_length=2"]
+            overrides += [f"env.kwargs.{turns_setting(shipped)}=2", "algorithm.rollout_length=2"]
     if shipped.env.id == "agentenv_jax/Dataset-v0":
         # Its data files are written by a script of the repository, as the experiment says.
         subprocess.run(
@@ -115,6 +121,8 @@ def assert_final_checkpoint_plays(run_dir: Path, updates: int) -> None:
         env = make_multi_agent_env(config.env.id, 1, config.env.kwargs, None)
         limit = env.max_episode_steps
         env.close()
+    elif config.env.id == "agent":  # lengths in model calls, up to a run's
+        limit = config.env.kwargs["max_calls"]
     elif is_text_env(config.env.id):  # lengths in messages, up to the task's turns
         limit = make_text_vector_env(config.env.id, seats, config.env.kwargs).max_turns
     elif config.env.preset == "atari":  # whole games, cut at the frame limit
