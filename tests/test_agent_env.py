@@ -4,6 +4,7 @@ language model. Nothing between the client and the env is mocked."""
 
 from __future__ import annotations
 
+import json
 import time
 
 import agent_programs
@@ -20,7 +21,14 @@ from agentenv_jax.envs.text import make_text_vector_env
 from agentenv_jax.networks.flat_params import FlatLayout
 from agentenv_jax.networks.language_model import language_model_spec, make_language_model
 
-from conftest import require_reference
+from conftest import (
+    REPO,
+    agentenv_command,
+    mpiexec_path,
+    require_reference,
+    run_command,
+    settings,
+)
 
 openai = require_reference("openai")
 transformers = require_reference("transformers")
@@ -269,3 +277,41 @@ def test_64_agents_are_served_by_batched_generation_with_the_learners_log_probs(
         assert sent == accounting.completion_tokens
     finally:
         env.close()
+
+
+@pytest.mark.slow  # SmolLM2 on the learner, the agents on an env rank: ~2 min
+def test_the_shipped_agent_trains_under_mpiexec_with_central_inference(run_dir):
+    """`agent_calculator_smollm2` under `mpiexec -n 2` with the learner generating (central
+    inference): the env rank's endpoint hands its agents' calls to the learner's batched
+    generation, and every count reconciles."""
+    proc = run_command(
+        [
+            mpiexec_path(),
+            "-n",
+            "2",
+            *agentenv_command(
+                "train",
+                "agent_calculator_smollm2",
+                *settings(
+                    f"run.run_dir={run_dir}",
+                    "run.name=central",
+                    "run.progress=false",
+                    "topology.inference=learner",
+                    "env.global_num_envs=4",
+                    "algorithm.group_size=2",
+                    "algorithm.num_minibatches=1",
+                    "run.total_env_steps=16",  # two rounds of 4 runs of up to 2 calls
+                    "env.kwargs.response_length=24",
+                ),
+            ),
+        ],
+        timeout=600,
+        cwd=REPO,
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    summary = json.loads((run_dir / "central" / "summary.json").read_text())
+    assert summary["updates"] == 2 and summary["central_inference"]["requests"] >= 4
+    for name in ("accounting", "token_accounting", "episode_accounting"):
+        assert summary[name]["reconciles"], (name, summary[name])
+    # Each run is one episode: 4 runs a round, 2 rounds.
+    assert summary["episode_accounting"]["trained"] == 8
