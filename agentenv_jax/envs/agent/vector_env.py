@@ -439,8 +439,10 @@ class AgentVectorEnv(gym.vector.VectorEnv):
                     )
         if len(ids) > self._context_length:
             raise context_exceeded(len(ids), self.bounds)
-        if request.temperature != 1.0 or request.top_p != 1.0 or request.stop:
-            self.accounting.sampling_ignored += 1
+        asked_other = request.temperature != 1.0 or request.top_p != 1.0 or request.stop
+        if asked_other or request.max_tokens < self._response_length:
+            with self._changed:
+                self.accounting.sampling_ignored += 1
         return _Call(np.asarray(ids, np.int32), text, route, request)
 
     def _response(self, run: _Run, call: _Call, completion: np.ndarray) -> dict[str, Any]:
