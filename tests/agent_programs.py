@@ -28,9 +28,9 @@ def kinds(rng) -> dict:
     return {"kind": ("answer", "raise", "hang", "answer")[next(_kinds) % 4]}
 
 
-async def one_call(client, row) -> float:
+async def one_call(client, row, **sampling) -> float:
     messages = [SYSTEM, {"role": "user", "content": row["question"]}]
-    response = await client.chat.completions.create(model="policy", messages=messages)
+    response = await client.chat.completions.create(model="policy", messages=messages, **sampling)
     SEEN.append(response)
     return 1.0
 
@@ -86,7 +86,8 @@ async def bad_requests(client, row) -> float:
         SEEN.append(("malformed body", answer.status_code, answer.json()["error"]))
     models = await client.models.list()
     SEEN.append(("models", [model.id for model in models.data]))
-    return await one_call(client, row)
+    # Sampling the policy does not do: served as the policy samples, and counted.
+    return await one_call(client, row, temperature=0.7, max_tokens=2)
 
 
 async def by_kind(client, row) -> float:

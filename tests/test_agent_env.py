@@ -177,8 +177,12 @@ def test_bad_requests_get_openais_status_codes_and_bodies(smollm2):
         assert errors["models"] == (["policy"],)
         # Every refusal the env made (the malformed body is the HTTP layer's, before it).
         assert env.accounting.refused == 6
-        _, reward, terminated, _, _ = env.step(say(ours, "8", 1))
+        _, reward, terminated, _, _ = env.step(say(ours, "The sum is 8.", 1))
         assert terminated[0] and reward[0] == 1.0  # the run went on
+        # Its call asked for temperature 0.7 and 2 tokens: counted (with the next run's, made
+        # as the step ended), and served as the policy sampled.
+        assert env.accounting.sampling_ignored == 2
+        assert agent_programs.SEEN[-1].choices[0].message.content == "The sum is 8."
     finally:
         env.close()
 
