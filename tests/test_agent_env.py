@@ -182,7 +182,8 @@ def test_bad_requests_get_openais_status_codes_and_bodies(smollm2):
         # Its call asked for temperature 0.7 and 2 tokens: counted (with the next run's, made
         # as the step ended), and served as the policy sampled.
         assert env.accounting.sampling_ignored == 2
-        assert agent_programs.SEEN[-1].choices[0].message.content == "The sum is 8."
+        (answer,) = [seen for seen in agent_programs.SEEN if not isinstance(seen, tuple)]
+        assert answer.choices[0].message.content == "The sum is 8."
     finally:
         env.close()
 
