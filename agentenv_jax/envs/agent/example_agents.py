@@ -3,7 +3,7 @@ plain `openai` client, one with the OpenAI Agents SDK (`pip install openai-agent
 the same verifiable task, arithmetic with a calculator tool, and neither knows it is trained:
 the env hands each an `openai.AsyncOpenAI` client pointed at the policy's endpoint.
 
-The rows (`arithmetic_rows`) are sums and products of two numbers, a question each; 20 % of the
+The rows (`arithmetic_rows`) are sums and products of small numbers, a question each; 20 % of the
 distinct questions are held out by a hash of their text (`tasks.question_split`), so the
 `test` split asks only questions training never drew. The reward is 1 when the agent's final
 answer's last number is the right one, else 0.
@@ -48,13 +48,14 @@ _OPERATORS = {
 
 
 def arithmetic_rows(rng: np.random.Generator, split: str = "train") -> dict[str, Any]:
-    """A question of `split`: `{"question": ..., "answer": ...}`."""
+    """A question of `split`: `{"question": ..., "answer": ...}`, a sum of two numbers of
+    2..29 or a product of one of 2..19 and a digit."""
     while True:
-        a, b = (int(x) for x in rng.integers(11, 100, size=2))
         if rng.random() < 0.5:
+            a, b = (int(x) for x in rng.integers(2, 30, size=2))
             question, answer = f"What is {a} + {b}?", a + b
         else:
-            b = int(rng.integers(3, 10))
+            a, b = int(rng.integers(2, 20)), int(rng.integers(2, 10))
             question, answer = f"What is {a} * {b}?", a * b
         if question_split(question, TEST_FRACTION) == split:
             return {"question": question, "answer": answer}
@@ -62,8 +63,8 @@ def arithmetic_rows(rng: np.random.Generator, split: str = "train") -> dict[str,
 
 def split_sizes() -> dict[str, int]:
     """How many distinct questions `arithmetic_rows` asks on each side of the split."""
-    questions = [f"What is {a} + {b}?" for a in range(11, 100) for b in range(11, 100)]
-    questions += [f"What is {a} * {b}?" for a in range(11, 100) for b in range(3, 10)]
+    questions = [f"What is {a} + {b}?" for a in range(2, 30) for b in range(2, 30)]
+    questions += [f"What is {a} * {b}?" for a in range(2, 20) for b in range(2, 10)]
     sides = [question_split(question, TEST_FRACTION) for question in questions]
     return {"train": sides.count("train"), "test": sides.count("test")}
 
