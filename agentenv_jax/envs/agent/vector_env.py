@@ -76,8 +76,17 @@ from agentenv_jax.envs.text.tasks import require_int, require_seconds
 from agentenv_jax.envs.text.vector_env import FINISHED_TRANSCRIPTS
 
 AGENT_ENV_ID = "agent"
-# How a run ended: `finished` (its agent returned a reward) or why it failed.
-RUN_ENDINGS = ("finished", "raised", "timed_out", "over_budget", "over_calls", "bad_reward")
+# How a run ended: `finished` (its agent returned a reward), why it failed, or `abandoned`
+# (still running when the env was reset or closed).
+RUN_ENDINGS = (
+    "finished",
+    "raised",
+    "timed_out",
+    "over_budget",
+    "over_calls",
+    "bad_reward",
+    "abandoned",
+)
 # Runs in a row of one slot that end before any model call, after which the agent is broken.
 MAX_RUNS_WITHOUT_CALLS = 16
 _MAX_DRAWS = 1000
@@ -486,7 +495,7 @@ class AgentVectorEnv(gym.vector.VectorEnv):
                 for i in range(self.num_envs)
             ]
         for slot in range(self.num_envs):
-            self._end_run(slot, "over_calls")
+            self._end_run(slot, "abandoned")
         self._round_step = 0
         self._waiting[:] = False
         self._begin(list(range(self.num_envs)))
@@ -685,7 +694,7 @@ class AgentVectorEnv(gym.vector.VectorEnv):
 
     def close_extras(self, **kwargs: Any) -> None:
         for slot in range(self.num_envs):
-            self._end_run(slot, "over_calls")
+            self._end_run(slot, "abandoned")
         self.server.close()
         close = getattr(self._client, "close", None)
         if close is not None:
