@@ -35,7 +35,6 @@ from __future__ import annotations
 import asyncio
 import collections
 import dataclasses
-import difflib
 import inspect
 import math
 import sys
@@ -72,8 +71,14 @@ from agentenv_jax.envs.import_path import import_object
 from agentenv_jax.envs.multi_agent.columns import ACTED
 from agentenv_jax.envs.spaces import EnvError, TextSpec
 from agentenv_jax.envs.text.dataset_tasks import DatasetRows
-from agentenv_jax.envs.text.tasks import require_int, require_seconds
-from agentenv_jax.envs.text.vector_env import FINISHED_TRANSCRIPTS
+from agentenv_jax.envs.text.tasks import require_int, require_known_kwargs, require_seconds
+from agentenv_jax.envs.text.vector_env import (
+    FINISHED_TRANSCRIPTS,
+    add_final_info,
+    group_rngs,
+    message_lengths,
+    set_token_spaces,
+)
 
 AGENT_ENV_ID = "agent"
 # How a run ended: `finished` (its agent returned a reward), why it failed, or `abandoned`
@@ -264,17 +269,7 @@ class AgentVectorEnv(gym.vector.VectorEnv):
             tokenizer.text_spec(self._context_length, self._response_length),
             episode_round=max(self._round_turns, 1),
         )
-        vocab = tokenizer.vocab_size
-        self.single_observation_space = gym.spaces.Box(
-            0, vocab - 1, (self._context_length,), np.int32
-        )
-        self.single_action_space = gym.spaces.MultiDiscrete(
-            [vocab] * self._response_length, dtype=np.int32
-        )
-        self.observation_space = gym.vector.utils.batch_space(
-            self.single_observation_space, self.num_envs
-        )
-        self.action_space = gym.vector.utils.batch_space(self.single_action_space, self.num_envs)
+        set_token_spaces(self, tokenizer.vocab_size, self._context_length, self._response_length)
         self.accounting = AgentAccounting()
         # The newest ended runs, for people (`agentenv eval --dialogues`) and for inspection.
         self.finished_transcripts: collections.deque[tuple[str, bool, float]] = collections.deque(
@@ -488,12 +483,7 @@ class AgentVectorEnv(gym.vector.VectorEnv):
         if seed is not None:
             seed = require_int("seed", seed, 0)
         if seed is not None or self._rngs is None:
-            if seed is None:
-                seed = int(np.random.SeedSequence().generate_state(1)[0])
-            self._rngs = [
-                np.random.default_rng(seed + (i // self._group_size) * self._group_size)
-                for i in range(self.num_envs)
-            ]
+            self._rngs = group_rngs(seed, self.num_envs, self._group_size)
         for slot in range(self.num_envs):
             self._end_run(slot, "abandoned")
         self._round_step = 0
@@ -514,10 +504,7 @@ class AgentVectorEnv(gym.vector.VectorEnv):
                 f"AgentVectorEnv.step: actions must be of shape "
                 f"{(self.num_envs, self._response_length)}, got {actions.shape}"
             )
-        eos = self.tokenizer.eos_id
-        has_eos = (actions == eos).any(axis=1)
-        response_tokens = np.full(self.num_envs, self._response_length, np.int32)
-        response_tokens[has_eos] = (actions[has_eos] == eos).argmax(axis=1) + 1
+        response_tokens = message_lengths(actions, self.tokenizer.eos_id)
         acted = np.array([run is not None and run.current is not None for run in self._runs])
         served = [int(slot) for slot in np.flatnonzero(acted)]
         for slot in served:
@@ -563,18 +550,7 @@ class AgentVectorEnv(gym.vector.VectorEnv):
             self._begin(list(range(self.num_envs)))
         elif not self._round_turns:
             self._begin([slot for slot in range(self.num_envs) if self._runs[slot] is None])
-        ended = terminated | truncated
-        if ended.any():
-            info["final_obs"], info["_final_obs"] = final_obs, ended
-            info["final_info"] = {
-                "success": success,
-                "_success": ended,
-                "return": returns,
-                "_return": ended,
-                "turns": turns,
-                "_turns": ended,
-            }
-            info["_final_info"] = ended
+        add_final_info(info, terminated | truncated, final_obs, success, returns, turns)
         return self._obs.copy(), rewards, terminated, truncated, info
 
     def _deliver(self, slot: int, completion: np.ndarray) -> None:
@@ -710,14 +686,7 @@ def make_agent_vector_env(
     the allowed ones) or a missing `agent`."""
     parameters = inspect.signature(AgentVectorEnv).parameters
     allowed = [n for n in parameters if n not in ("num_envs", "tokenizer", "episode_groups")]
-    for name in kwargs:
-        if name not in allowed:
-            close = difflib.get_close_matches(name, allowed, n=1, cutoff=0.6)
-            hint = f" (did you mean {close[0]!r}?)" if close else ""
-            raise EnvError(
-                f"env.kwargs.{name} is not a kwarg of env.id = 'agent'{hint}; allowed: "
-                f"{', '.join(allowed)}"
-            )
+    require_known_kwargs(kwargs, allowed, AGENT_ENV_ID)
     if "agent" not in kwargs:
         raise EnvError(
             "env.id = 'agent' needs env.kwargs.agent: 'package.module:function', an async "

@@ -47,7 +47,12 @@ from agentenv_jax.envs.text.dataset_tasks import DatasetTask
 from agentenv_jax.envs.text.openenv_tasks import OpenEnvTask
 from agentenv_jax.envs.text.reasoning_gym_tasks import ReasoningGymTask, reasoning_gym_kwargs
 from agentenv_jax.envs.text.skyrl_gym_tasks import SKYRL_GYM_PREFIX, SkyRLGymTask
-from agentenv_jax.envs.text.tasks import ArithmeticTask, GuessNumberTask, TextTask
+from agentenv_jax.envs.text.tasks import (
+    ArithmeticTask,
+    GuessNumberTask,
+    TextTask,
+    require_known_kwargs,
+)
 from agentenv_jax.envs.text.textarena_tasks import TEXTARENA_PREFIX, textarena_task
 from agentenv_jax.envs.text.tokenizer import BYTE_TOKENIZER, Tokenizer
 from agentenv_jax.envs.text.tool_tasks import ToolArithmeticTask
@@ -186,15 +191,7 @@ def make_text_vector_env(
             f"env.id = {env_id!r} is not a text env{hint}; text envs: "
             f"{', '.join([*TEXT_ENV_IDS, AGENT_ENV_ID])}"
         )
-    allowed = [*ENV_KWARGS, *task_kwargs]
-    for name in kwargs:
-        if name not in allowed:
-            close_names = difflib.get_close_matches(name, allowed, n=1, cutoff=0.6)
-            hint = f" (did you mean {close_names[0]!r}?)" if close_names else ""
-            raise EnvError(
-                f"env.kwargs.{name} is not a kwarg of env.id = {env_id!r}{hint}; allowed: "
-                f"{', '.join(allowed)}"
-            )
+    require_known_kwargs(kwargs, [*ENV_KWARGS, *task_kwargs], env_id)
     try:
         task = make_task(**{k: v for k, v in kwargs.items() if k not in ENV_KWARGS})
     except EnvError:

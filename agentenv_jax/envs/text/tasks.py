@@ -7,10 +7,11 @@ counts the turns and enforces `max_turns`. Tasks have no dependencies beyond num
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import hashlib
 import operator
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Protocol
 
 import numpy as np
@@ -136,6 +137,19 @@ def require_seconds(field: str, value: object, maximum: float) -> float:
     if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value <= maximum:
         raise EnvError(f"{field} = {value!r}: expected seconds in (0, {maximum:g}]")
     return float(value)
+
+
+def require_known_kwargs(kwargs: Iterable[str], allowed: Sequence[str], env_id: str) -> None:
+    """An `EnvError` naming the first of `kwargs` (env.kwargs names) not in `allowed`, with the
+    closest allowed name and all of them."""
+    for name in kwargs:
+        if name not in allowed:
+            close = difflib.get_close_matches(name, allowed, n=1, cutoff=0.6)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            raise EnvError(
+                f"env.kwargs.{name} is not a kwarg of env.id = {env_id!r}{hint}; allowed: "
+                f"{', '.join(allowed)}"
+            )
 
 
 def require_int(field: str, value: object, minimum: int, maximum: int | None = None) -> int:

@@ -26,6 +26,59 @@ from agentenv_jax.envs.text.tokenizer import BYTE_TOKENIZER, Tokenizer
 FINISHED_TRANSCRIPTS = 64  # episodes `finished_transcripts` keeps, newest last
 
 
+def set_token_spaces(
+    env: gym.vector.VectorEnv, vocab_size: int, context_length: int, response_length: int
+) -> None:
+    """`env`'s spaces as a vector env of token ids: observations `int32 [E, L]` (contexts),
+    actions `int32 [E, M]` (messages), ids in `0..vocab_size - 1`."""
+    env.single_observation_space = gym.spaces.Box(0, vocab_size - 1, (context_length,), np.int32)
+    env.single_action_space = gym.spaces.MultiDiscrete(
+        [vocab_size] * response_length, dtype=np.int32
+    )
+    env.observation_space = gym.vector.utils.batch_space(env.single_observation_space, env.num_envs)
+    env.action_space = gym.vector.utils.batch_space(env.single_action_space, env.num_envs)
+
+
+def group_rngs(seed: int | None, num_envs: int, group_size: int) -> list[np.random.Generator]:
+    """Env i's rng, `default_rng(seed + (i // group_size) * group_size)`: a group's envs draw
+    alike. Without a seed, one drawn from the OS."""
+    if seed is None:
+        seed = int(np.random.SeedSequence().generate_state(1)[0])
+    return [np.random.default_rng(seed + (i // group_size) * group_size) for i in range(num_envs)]
+
+
+def message_lengths(actions: np.ndarray, eos_id: int) -> np.ndarray:
+    """`int32 [E]`: each message's tokens up to and including its first EOS (all M without)."""
+    lengths = np.full(actions.shape[0], actions.shape[1], np.int32)
+    has_eos = (actions == eos_id).any(axis=1)
+    lengths[has_eos] = (actions[has_eos] == eos_id).argmax(axis=1) + 1
+    return lengths
+
+
+def add_final_info(
+    info: dict[str, Any],
+    ended: np.ndarray,
+    final_obs: np.ndarray,
+    success: np.ndarray,
+    returns: np.ndarray,
+    turns: np.ndarray,
+) -> None:
+    """The ended episodes' last observations and results in `info`, as Gymnasium's SAME_STEP
+    vector envs give them: present only on steps where one ended (`ended`, bool `[E]`)."""
+    if not ended.any():
+        return
+    info["final_obs"], info["_final_obs"] = final_obs, ended
+    info["final_info"] = {
+        "success": success,
+        "_success": ended,
+        "return": returns,
+        "_return": ended,
+        "turns": turns,
+        "_turns": ended,
+    }
+    info["_final_info"] = ended
+
+
 class TextVectorEnv(gym.vector.VectorEnv):
     """`num_envs` copies of a text task; observations and actions are token ids.
 
@@ -114,17 +167,7 @@ class TextVectorEnv(gym.vector.VectorEnv):
             reward_names=self.reward_names,
             episode_round=max(self._round_turns, 1),
         )
-        vocab = tokenizer.vocab_size
-        self.single_observation_space = gym.spaces.Box(
-            0, vocab - 1, (self._context_length,), np.int32
-        )
-        self.single_action_space = gym.spaces.MultiDiscrete(
-            [vocab] * self._response_length, dtype=np.int32
-        )
-        self.observation_space = gym.vector.utils.batch_space(
-            self.single_observation_space, self.num_envs
-        )
-        self.action_space = gym.vector.utils.batch_space(self.single_action_space, self.num_envs)
+        set_token_spaces(self, tokenizer.vocab_size, self._context_length, self._response_length)
         self._rngs: list[np.random.Generator] | None = None  # None until the first reset
         # Env i's dialogue as token ids (all of it; the observation is its newest L), and as
         # text for people: the prompt and (message, reply or None) per turn.
@@ -154,12 +197,7 @@ class TextVectorEnv(gym.vector.VectorEnv):
         if seed is not None:
             seed = require_int("seed", seed, 0)
         if seed is not None or self._rngs is None:
-            if seed is None:
-                seed = int(np.random.SeedSequence().generate_state(1)[0])
-            self._rngs = [
-                np.random.default_rng(seed + (i // self._group_size) * self._group_size)
-                for i in range(self.num_envs)
-            ]
+            self._rngs = group_rngs(seed, self.num_envs, self._group_size)
         for i in range(self.num_envs):
             self._start_episode(i)
         self._round_step = 0
@@ -190,12 +228,11 @@ class TextVectorEnv(gym.vector.VectorEnv):
         terminated = np.zeros(self.num_envs, bool)
         truncated = np.zeros(self.num_envs, bool)
         success = np.zeros(self.num_envs, bool)
-        response_tokens = np.full(self.num_envs, self._response_length, np.int32)
         final_obs = np.full(self.num_envs, None, dtype=object)
         returns = np.zeros(self.num_envs, np.float32)
         turns = np.zeros(self.num_envs, np.int32)
+        response_tokens = message_lengths(actions, eos)
         has_eos = (actions == eos).any(axis=1)
-        response_tokens[has_eos] = (actions[has_eos] == eos).argmax(axis=1) + 1
         messages = {int(i): self.tokenizer.decode(actions[i]) for i in np.flatnonzero(acted)}
         replies = dict(
             zip(
@@ -294,19 +331,7 @@ class TextVectorEnv(gym.vector.VectorEnv):
                 self._start_episode(i)
         if k:
             info["reward_terms"], info["reward_failed"] = reward_terms, reward_failed
-        ended = terminated | truncated
-        if ended.any():
-            # As Gymnasium's SAME_STEP vector envs: present only on steps where one ended.
-            info["final_obs"], info["_final_obs"] = final_obs, ended
-            info["final_info"] = {
-                "success": success,
-                "_success": ended,
-                "return": returns,
-                "_return": ended,
-                "turns": turns,
-                "_turns": ended,
-            }
-            info["_final_info"] = ended
+        add_final_info(info, terminated | truncated, final_obs, success, returns, turns)
         return self._observations(), rewards, terminated, truncated, info
 
     def close_extras(self, **kwargs: Any) -> None:
