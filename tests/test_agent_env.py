@@ -249,15 +249,16 @@ def test_a_model_without_a_chat_template_is_refused():
         make_text_vector_env("agent", 2, {"agent": "agent_programs:one_call"})
 
 
-@pytest.mark.slow  # compiles a generation for 64 rows: ~30 s
+@pytest.mark.slow  # compiles a generation for 64 rows
 def test_64_agents_are_served_by_batched_generation_with_the_learners_log_probs(smollm2):
     ours, _ = smollm2
-    lm = make_language_model(
-        language_model_spec("tiny", ours.vocab_size, max_length=CONTEXT + RESPONSE)
-    )
+    # Contexts of 64 tokens (a prompt is ~30) and answers of 16: the shapes compiled are small.
+    lm = make_language_model(language_model_spec("tiny", ours.vocab_size, max_length=64 + 16))
     params = lm.init(jax.random.key(0))
     layout = FlatLayout(lm.param_shapes())
-    env = make_env(ours, 64, "one_call", agent_timeout_s=30.0)
+    env = make_env(
+        ours, 64, "one_call", agent_timeout_s=30.0, context_length=64, response_length=16
+    )
     policy = TextPolicy(lm, layout.unravel, env.text_spec, 0, 0, 64)
     policy.set_params(np.asarray(layout.ravel(params)))
     generation_calls = 0
