@@ -306,7 +306,7 @@ def test_the_shipped_agent_trains_under_mpiexec_with_central_inference(run_dir):
                     "env.global_num_envs=4",
                     "algorithm.group_size=2",
                     "algorithm.num_minibatches=1",
-                    "run.total_env_steps=16",  # two rounds of 4 runs of up to 2 calls
+                    "run.total_env_steps=8",  # a round of 4 runs of up to 2 calls
                     "env.kwargs.response_length=24",
                 ),
             ),
@@ -316,8 +316,8 @@ def test_the_shipped_agent_trains_under_mpiexec_with_central_inference(run_dir):
     )
     assert proc.returncode == 0, proc.stderr[-4000:]
     summary = json.loads((run_dir / "central" / "summary.json").read_text())
-    assert summary["updates"] == 2 and summary["central_inference"]["requests"] >= 4
+    assert summary["updates"] == 1 and summary["central_inference"]["requests"] >= 1
     for name in ("accounting", "token_accounting", "episode_accounting"):
         assert summary[name]["reconciles"], (name, summary[name])
-    # Each run is one episode: 4 runs a round, 2 rounds.
-    assert summary["episode_accounting"]["trained"] == 8
+    # Each run is one episode: 4 runs in the round.
+    assert summary["episode_accounting"]["trained"] == 4
