@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import json
 import time
+import urllib.error
+import urllib.request
 
 import agent_programs
 import jax
@@ -15,6 +17,7 @@ import pytest
 from agentenv_jax.actor.text_policy import TextPolicy
 from agentenv_jax.envs.agent.openai_protocol import with_tools_described
 from agentenv_jax.envs.agent.sequences import join_calls
+from agentenv_jax.envs.agent.server import EndpointServer
 from agentenv_jax.envs.agent.vector_env import make_agent_vector_env
 from agentenv_jax.envs.spaces import EnvError
 from agentenv_jax.envs.text import make_text_vector_env
@@ -321,3 +324,24 @@ def test_the_shipped_agent_trains_under_mpiexec_with_central_inference(run_dir):
         assert summary[name]["reconciles"], (name, summary[name])
     # Each run is one episode: 4 runs in the round.
     assert summary["episode_accounting"]["trained"] == 4
+
+
+def test_the_server_answers_unknown_routes_and_its_own_failures_in_openais_form():
+    def broken(route, api_key, body):
+        raise ZeroDivisionError("division by zero")
+
+    server = EndpointServer(broken)
+    try:
+        for path, status, kind in (
+            ("/v1/embeddings", 404, "invalid_request_error"),
+            ("/v1/chat/completions", 500, "server_error"),
+        ):
+            request = urllib.request.Request(
+                server.base_url.removesuffix("/v1") + path, data=b"{}", method="POST"
+            )
+            with pytest.raises(urllib.error.HTTPError) as refused:
+                urllib.request.urlopen(request, timeout=10)
+            assert refused.value.code == status
+            assert json.loads(refused.value.read())["error"]["type"] == kind
+    finally:
+        server.close()

@@ -81,6 +81,12 @@ def test_a_request_is_read_with_its_sampling_settings():
             "messages[0].role",
         ),
         ({"stop": ["a", "b", "c", "d", "e"]}, 400, None, "stop"),
+        (
+            {"messages": [{"role": "assistant", "content": None, "tool_calls": [{"id": "c"}]}]},
+            400,
+            None,
+            "messages[0].tool_calls",
+        ),
     ],
 )
 def test_bad_requests_get_openais_status_and_body(fields, status, code, param):

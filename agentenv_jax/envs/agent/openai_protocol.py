@@ -108,6 +108,19 @@ def _message(index: int, message: Any) -> dict[str, Any]:
         raise OpenAIError(400, f"'{where}.content' must be a string", param=f"{where}.content")
     checked: dict[str, Any] = {"role": role, "content": content or ""}
     if role == "assistant" and message.get("tool_calls"):
+        calls = message["tool_calls"]
+        if not isinstance(calls, list) or not all(
+            isinstance(call, Mapping)
+            and isinstance(call.get("function"), Mapping)
+            and isinstance(call["function"].get("name"), str)
+            for call in calls
+        ):
+            raise OpenAIError(
+                400,
+                f"'{where}.tool_calls' must be an array of function calls, each with "
+                "'function': {'name', 'arguments'}",
+                param=f"{where}.tool_calls",
+            )
         checked["tool_calls"] = [
             {
                 "id": call.get("id"),
@@ -118,7 +131,7 @@ def _message(index: int, message: Any) -> dict[str, Any]:
                     "arguments": _arguments(call["function"].get("arguments", "{}"), where),
                 },
             }
-            for call in message["tool_calls"]
+            for call in calls
         ]
     if role == "tool" and message.get("tool_call_id") is not None:
         checked["tool_call_id"] = message["tool_call_id"]
