@@ -71,7 +71,10 @@ def split_sizes() -> dict[str, int]:
 
 def calculate(expression: str) -> str:
     """The value of an arithmetic expression, or an error text (the agent's own tool: it runs
-    in the agent's process, as a user's tools do)."""
+    in the agent's process, as a user's tools do). Narrower than `tools.calculator` on
+    purpose: no `**`, `//` or `%`, and at most 200 characters, so no expression the model
+    writes runs long on the event loop every agent of the env shares (the built-in tool runs
+    in the sandbox, under a time limit, for that reason)."""
 
     def value(node: ast.AST) -> float:
         if isinstance(node, ast.Constant) and isinstance(node.value, int | float):

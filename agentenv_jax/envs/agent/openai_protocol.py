@@ -249,6 +249,14 @@ def split_tool_calls(text: str) -> tuple[str | None, list[dict[str, Any]]]:
     return (content or None) if calls else text, calls
 
 
+def _usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
+    return {
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": completion_tokens,
+        "total_tokens": prompt_tokens + completion_tokens,
+    }
+
+
 def chat_completion(
     model: str,
     text: str,
@@ -272,11 +280,7 @@ def chat_completion(
         "choices": [
             {"index": 0, "message": message, "finish_reason": finish_reason, "logprobs": None}
         ],
-        "usage": {
-            "prompt_tokens": prompt_tokens,
-            "completion_tokens": completion_tokens,
-            "total_tokens": prompt_tokens + completion_tokens,
-        },
+        "usage": _usage(prompt_tokens, completion_tokens),
     }
 
 
@@ -381,9 +385,5 @@ def text_completion(
         "created": int(time.time()),
         "model": model,
         "choices": [{"index": 0, "text": text, "finish_reason": finish_reason, "logprobs": None}],
-        "usage": {
-            "prompt_tokens": prompt_tokens,
-            "completion_tokens": completion_tokens,
-            "total_tokens": prompt_tokens + completion_tokens,
-        },
+        "usage": _usage(prompt_tokens, completion_tokens),
     }

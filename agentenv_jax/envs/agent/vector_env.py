@@ -77,6 +77,7 @@ from agentenv_jax.envs.text.vector_env import (
     add_final_info,
     group_rngs,
     message_lengths,
+    require_text_sizes,
     set_token_spaces,
 )
 
@@ -94,7 +95,6 @@ RUN_ENDINGS = (
 )
 # Runs in a row of one slot that end before any model call, after which the agent is broken.
 MAX_RUNS_WITHOUT_CALLS = 16
-_MAX_DRAWS = 1000
 
 
 @dataclasses.dataclass
@@ -135,7 +135,6 @@ class EndedRun:
 class _Call:
     prompt_ids: np.ndarray
     prompt_text: str | None  # None: a `/v1/completions` prompt (no chat history to extend)
-    kind: str  # "chat" or "completions"
     request: Any
     completion: Future = dataclasses.field(default_factory=Future)
 
@@ -143,9 +142,8 @@ class _Call:
 @dataclasses.dataclass(eq=False)
 class _Run:
     key: str
-    slot: int
     row: dict[str, Any]
-    started_s: float
+    waiting_since: float  # when the agent was started or last handed a completion
     task: Future | None = None  # the agent coroutine's, on the env's asyncio loop
     queue: collections.deque = dataclasses.field(default_factory=collections.deque)
     current: _Call | None = None  # the call this step's observation shows
@@ -153,7 +151,6 @@ class _Run:
     previous: AnsweredCall | None = None
     generated: dict[str, str] = dataclasses.field(default_factory=dict)  # tool call id -> text
     completion_tokens: int = 0
-    waiting_since: float = 0.0  # when the agent was last handed a completion (or started)
     ending: str | None = None
     reward: float = 0.0
 
@@ -219,14 +216,9 @@ class AgentVectorEnv(gym.vector.VectorEnv):
         # that does not (SmolLM2's) the endpoint describes them in a system turn.
         self._template_shows_tools = "tools" in tokenizer.chat.source
         self._agent = _agent_function(agent)
-        self._context_length = require_int("env.kwargs.context_length", context_length, 2)
-        self._response_length = require_int("env.kwargs.response_length", response_length, 1)
-        self._group_size = require_int("env.kwargs.group_size", group_size, 1)
-        if self.num_envs % self._group_size:
-            raise EnvError(
-                f"env.kwargs.group_size = {group_size} must divide the env rank's num_envs = "
-                f"{num_envs} (each group of slots runs the same rows)"
-            )
+        self._context_length, self._response_length, self._group_size = require_text_sizes(
+            self.num_envs, context_length, response_length, group_size, "slots runs the same rows"
+        )
         self.max_turns = require_int("env.kwargs.max_calls", max_calls, 1)
         if token_budget is not None:
             token_budget = require_int("env.kwargs.token_budget", token_budget, 1)
@@ -285,7 +277,6 @@ class AgentVectorEnv(gym.vector.VectorEnv):
         self._without_calls = [0] * self.num_envs
         self._obs = np.full((self.num_envs, self._context_length), tokenizer.pad_id, np.int32)
         self._obs[:, -1] = tokenizer.bos_id
-        self._waiting = np.zeros(self.num_envs, bool)
         self._round_step = 0
         self._rngs: list[np.random.Generator] | None = None
         self._loop = asyncio.new_event_loop()
@@ -321,8 +312,7 @@ class AgentVectorEnv(gym.vector.VectorEnv):
         assert self._rngs is not None
         row = self._next_row(self._rngs[slot])
         self._serial += 1
-        run = _Run(key=f"run-{slot}-{self._serial}", slot=slot, row=row, started_s=time.monotonic())
-        run.waiting_since = run.started_s
+        run = _Run(f"run-{slot}-{self._serial}", row, time.monotonic())
         client = self._client.with_options(api_key=run.key)
         with self._changed:
             self._runs[slot] = run
@@ -391,9 +381,8 @@ class AgentVectorEnv(gym.vector.VectorEnv):
             return 200, models_list(self.model_name, self._created)
         with self._changed:
             run = self._by_key.get(api_key or "")
+            self.accounting.refused += run is None
         if run is None:
-            with self._changed:
-                self.accounting.refused += 1
             raise OpenAIError(
                 401,
                 "Incorrect API key provided: this endpoint answers the agent runs it started, "
@@ -447,7 +436,7 @@ class AgentVectorEnv(gym.vector.VectorEnv):
         if asked_other or request.max_tokens < self._response_length:
             with self._changed:
                 self.accounting.sampling_ignored += 1
-        return _Call(np.asarray(ids, np.int32), text, route, request)
+        return _Call(np.asarray(ids, np.int32), text, request)
 
     def _response(self, run: _Run, call: _Call, completion: np.ndarray) -> dict[str, Any]:
         tokenizer = self.tokenizer
@@ -455,7 +444,7 @@ class AgentVectorEnv(gym.vector.VectorEnv):
         ended = bool(completion.size) and int(completion[-1]) == tokenizer.eos_id
         reason = "stop" if ended else "length"
         prompt_tokens, completion_tokens = int(call.prompt_ids.size), int(completion.size)
-        if call.kind == "completions":
+        if call.prompt_text is None:  # a `/v1/completions` call
             return text_completion(self.model_name, text, reason, prompt_tokens, completion_tokens)
         response = chat_completion(
             self.model_name,
@@ -467,7 +456,6 @@ class AgentVectorEnv(gym.vector.VectorEnv):
         )
         for tool_call in response["choices"][0]["message"].get("tool_calls") or ():
             run.generated[tool_call["id"]] = text
-        assert call.prompt_text is not None
         run.previous = AnsweredCall(
             call.prompt_text, tuple(call.prompt_ids.tolist()), tuple(completion.tolist()), text
         )
@@ -487,7 +475,6 @@ class AgentVectorEnv(gym.vector.VectorEnv):
         for slot in range(self.num_envs):
             self._end_run(slot, "abandoned")
         self._round_step = 0
-        self._waiting[:] = False
         self._begin(list(range(self.num_envs)))
         return self._obs.copy(), {}
 
@@ -508,7 +495,7 @@ class AgentVectorEnv(gym.vector.VectorEnv):
         acted = np.array([run is not None and run.current is not None for run in self._runs])
         served = [int(slot) for slot in np.flatnonzero(acted)]
         for slot in served:
-            self._deliver(int(slot), actions[slot, : response_tokens[slot]].astype(np.int32))
+            self._deliver(slot, actions[slot, : response_tokens[slot]].astype(np.int32))
         self.accounting.generation_batches += bool(served)
         self.accounting.largest_batch = max(self.accounting.largest_batch, len(served))
         self._wait_ready(served)
@@ -536,17 +523,15 @@ class AgentVectorEnv(gym.vector.VectorEnv):
             rewards[slot] = run.reward
             truncated[slot] = run.ending in ("over_calls", "over_budget")
             terminated[slot] = not truncated[slot]
-            success[slot] = run.ending == "finished" and run.reward >= self._success_reward
+            success[slot] = self._succeeded(run)
             returns[slot], turns[slot] = run.reward, len(run.calls)
             final_obs[slot] = self._obs[slot].copy()
             self._runs[slot] = None
-            self._waiting[slot] = bool(self._round_turns)
         info: dict[str, Any] = {"success": success, "response_tokens": response_tokens}
         if self._round_turns:
             info[ACTED] = acted
         if round_over:
             self._round_step = 0
-            self._waiting[:] = False
             self._begin(list(range(self.num_envs)))
         elif not self._round_turns:
             self._begin([slot for slot in range(self.num_envs) if self._runs[slot] is None])
@@ -592,9 +577,7 @@ class AgentVectorEnv(gym.vector.VectorEnv):
                         f"{self.accounting.last_error or 'no error'}); an agent must call "
                         "the client it is given"
                     )
-                if self._round_turns:
-                    self._waiting[slot] = True
-                else:
+                if not self._round_turns:  # in rounds the slot waits for the next round
                     again.append(slot)
             slots = again
 
@@ -646,8 +629,8 @@ class AgentVectorEnv(gym.vector.VectorEnv):
         self.accounting.sequences += len(join_calls(run.calls))
         self.ended_runs.append(EndedRun(run.row, run.ending, run.reward, tuple(run.calls)))
         if run.calls:
-            success = run.ending == "finished" and run.reward >= self._success_reward
-            self.finished_transcripts.append((self._transcript(run), success, run.reward))
+            transcript = (self._transcript(run), self._succeeded(run), run.reward)
+            self.finished_transcripts.append(transcript)
         if run.task is not None:
             run.task.cancel()
         for call in [*run.queue, *([run.current] if run.current else [])]:
@@ -655,17 +638,15 @@ class AgentVectorEnv(gym.vector.VectorEnv):
         run.queue.clear()
         run.current = None
 
+    def _succeeded(self, run: _Run) -> bool:
+        return run.ending == "finished" and run.reward >= self._success_reward
+
     def _transcript(self, run: _Run) -> str:
         """A run for people: its row, how it ended, and its last call as the model saw it
         (the chat template's text, special tokens shown)."""
         last = run.calls[-1]
         ids = [*last.prompt_ids, *last.completion_ids]
-        backend = getattr(self.tokenizer, "backend", None)
-        text = (
-            backend.decode(ids, skip_special_tokens=False)
-            if backend is not None
-            else self.tokenizer.decode(np.asarray(ids))
-        )
+        text = self.tokenizer.backend.decode(ids, skip_special_tokens=False)
         return f"row: {run.row!r}\nended: {run.ending} (reward {run.reward:g})\n{text}"
 
     def close_extras(self, **kwargs: Any) -> None:

@@ -26,6 +26,25 @@ from agentenv_jax.envs.text.tokenizer import BYTE_TOKENIZER, Tokenizer
 FINISHED_TRANSCRIPTS = 64  # episodes `finished_transcripts` keeps, newest last
 
 
+def require_text_sizes(
+    num_envs: int, context_length: int, response_length: int, group_size: int, shared: str
+) -> tuple[int, int, int]:
+    """`(context_length, response_length, group_size)` of a vector env of token ids, checked:
+    an `EnvError` naming the field otherwise, and where `group_size` does not divide
+    `num_envs` (`shared`: what a group of envs shares, for that error)."""
+    sizes = (
+        require_int("env.kwargs.context_length", context_length, 2),
+        require_int("env.kwargs.response_length", response_length, 1),
+        require_int("env.kwargs.group_size", group_size, 1),
+    )
+    if num_envs % sizes[2]:
+        raise EnvError(
+            f"env.kwargs.group_size = {group_size} must divide the env rank's num_envs = "
+            f"{num_envs} (each group of {shared})"
+        )
+    return sizes
+
+
 def set_token_spaces(
     env: gym.vector.VectorEnv, vocab_size: int, context_length: int, response_length: int
 ) -> None:
@@ -125,14 +144,9 @@ class TextVectorEnv(gym.vector.VectorEnv):
     ):
         self.num_envs = require_int("num_envs", num_envs, 1)
         # At least BOS and one more token; each prompt is checked against it on reset.
-        self._context_length = require_int("env.kwargs.context_length", context_length, 2)
-        self._response_length = require_int("env.kwargs.response_length", response_length, 1)
-        self._group_size = require_int("env.kwargs.group_size", group_size, 1)
-        if self.num_envs % self._group_size:
-            raise EnvError(
-                f"env.kwargs.group_size = {group_size} must divide the env rank's num_envs = "
-                f"{num_envs} (each group of envs shares its prompts)"
-            )
+        self._context_length, self._response_length, self._group_size = require_text_sizes(
+            self.num_envs, context_length, response_length, group_size, "envs shares its prompts"
+        )
         self.tokenizer = tokenizer
         self._round_turns = require_int("round_turns", round_turns, 0)
         self._round_step = 0  # steps taken in the current round
