@@ -49,7 +49,7 @@ def zero_shot_scores(run_dir: Path, episodes: int) -> tuple[float, float]:
     """The untrained model's greedy accuracy and mean return on the test split's first
     `episodes` problems, with the run's own config."""
     from agentenv_jax.config.loading import load_config
-    from agentenv_jax.workflow.evaluation import GREEDY_TEMPERATURE
+    from agentenv_jax.networks.generation import GREEDY_TEMPERATURE
     from agentenv_jax.workflow.text_dialogues import sample_dialogues
 
     config = load_config(run_dir / "config.yaml")

@@ -86,8 +86,15 @@ async def bad_requests(client, row) -> float:
         SEEN.append(("malformed body", answer.status_code, answer.json()["error"]))
     models = await client.models.list()
     SEEN.append(("models", [model.id for model in models.data]))
-    # Sampling the policy does not do: served as the policy samples, and counted.
-    return await one_call(client, row, temperature=0.7, max_tokens=2)
+    # A temperature outside the env's range (1 to 1 by default): sampled at 1, and counted.
+    return await one_call(client, row, temperature=0.7)
+
+
+async def cut_calls(client, row) -> float:
+    """Three calls: at most 2 tokens; until a stop string; greedy and a nucleus of 0.5."""
+    await one_call(client, row, max_tokens=2)
+    await one_call(client, row, stop=["nothing like it", " is"])
+    return await one_call(client, row, temperature=0, top_p=0.5)
 
 
 async def by_kind(client, row) -> float:
@@ -105,4 +112,14 @@ async def never_calls(client, row) -> float:
 
 
 def not_async(client, row) -> float:
+    return 1.0
+
+
+async def greedy_call(client, row) -> float:
+    """One call at temperature 0; what came back is kept with the row's question."""
+    messages = [SYSTEM, {"role": "user", "content": row["question"]}]
+    response = await client.chat.completions.create(
+        model="policy", messages=messages, temperature=0
+    )
+    SEEN.append((row["question"], response.choices[0].message.content))
     return 1.0

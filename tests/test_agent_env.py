@@ -5,6 +5,7 @@ language model. Nothing between the client and the env is mocked."""
 from __future__ import annotations
 
 import json
+import re
 import time
 import urllib.error
 import urllib.request
@@ -182,13 +183,63 @@ def test_bad_requests_get_openais_status_codes_and_bodies(smollm2):
         assert env.accounting.refused == 6
         _, reward, terminated, _, _ = env.step(say(ours, "The sum is 8.", 1))
         assert terminated[0] and reward[0] == 1.0  # the run went on
-        # Its call asked for temperature 0.7 and 2 tokens: counted (with the next run's, made
-        # as the step ended), and served as the policy sampled.
-        assert env.accounting.sampling_ignored == 2
+        # Its call asked for temperature 0.7, outside the default range: sampled at 1 and
+        # counted (with the next run's call, made as the step ended).
+        assert env.accounting.sampling_clamped == 2
         (answer,) = [seen for seen in agent_programs.SEEN if not isinstance(seen, tuple)]
         assert answer.choices[0].message.content == "The sum is 8."
     finally:
         env.close()
+
+
+def test_a_requests_max_tokens_stop_temperature_and_top_p_are_applied(smollm2):
+    """max_tokens and stop cut the completion as OpenAI does, and only the ids handed back are
+    trained (`response_tokens`); temperature and top_p reach the policy through `row_sampling`,
+    moved into the env's ranges."""
+    ours, _ = smollm2
+    agent_programs.SEEN.clear()
+    env = make_env(ours, 1, "cut_calls", temperature_range=[0.0, 1.5], top_p_range=[0.8, 1.0])
+    message = say(ours, "The sum is 8.", 1)
+    sampled = int(np.flatnonzero(message[0] == ours.eos_id)[0]) + 1
+    try:
+        env.reset(seed=0)
+        np.testing.assert_array_equal(env.row_sampling(), [[1.0, 1.0]])
+        _, _, _, _, info = env.step(message)
+        assert info["response_tokens"][0] == 2  # max_tokens
+        # The stop string " is" is cut from the text; its token is handed back and trained.
+        _, _, _, _, info = env.step(message)
+        assert info["response_tokens"][0] == len(ours.encode("The sum is"))
+        # Greedy, with the nucleus moved up into [0.8, 1]: one adjustment counted.
+        np.testing.assert_array_equal(env.row_sampling(), np.float32([[0.0, 0.8]]))
+        assert env.accounting.sampling_clamped == 1
+        _, _, terminated, _, info = env.step(message)
+        assert terminated[0] and info["response_tokens"][0] == sampled
+        two, until_stop, whole = (r.choices[0] for r in agent_programs.SEEN)
+        assert (two.message.content, two.finish_reason) == ("The sum", "length")
+        assert (until_stop.message.content, until_stop.finish_reason) == ("The sum", "stop")
+        assert (whole.message.content, whole.finish_reason) == ("The sum is 8.", "stop")
+        usage = [r.usage.completion_tokens for r in agent_programs.SEEN]
+        assert usage == [2, len(ours.encode("The sum is")), sampled]
+        assert env.accounting.completions_cut == 2
+        assert env.accounting.tokens_cut == 2 * sampled - usage[0] - usage[1]
+        (run,) = env.ended_runs
+        assert [len(call.completion_ids) for call in run.calls] == usage
+    finally:
+        env.close()
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"temperature_range": [0.5]}, "temperature_range = [0.5]: expected [low, high]"),
+        ({"temperature_range": [1.0, 0.5]}, "0 <= low <= high <= 2"),
+        ({"top_p_range": [0.5, 1.5]}, "top_p_range = [0.5, 1.5]: expected [low, high] with 0"),
+    ],
+)
+def test_sampling_ranges_out_of_bounds_are_refused(smollm2, kwargs, message):
+    ours, _ = smollm2
+    with pytest.raises(EnvError, match=re.escape(message)):
+        make_env(ours, 1, "one_call", **kwargs)
 
 
 def test_agents_that_raise_or_hang_are_counted_and_the_others_go_on(smollm2):
@@ -286,6 +337,42 @@ def test_64_agents_are_served_by_batched_generation_with_the_learners_log_probs(
         assert sent == accounting.completion_tokens
     finally:
         env.close()
+
+
+@pytest.mark.slow  # SmolLM2 trains one update in this process
+def test_training_samples_each_call_at_its_requests_temperature(run_dir):
+    """Through the actor loop (`agentenv train`'s, in this process): agents asking for
+    temperature 0, allowed by `temperature_range`, get the greedy answer, so the 4 runs of a
+    question answer alike. At the default range (1 to 1) they are sampled at 1, and this test
+    fails (checked by hand)."""
+    from agentenv_jax.config import load_config
+    from agentenv_jax.runtime.launch import train
+
+    agent_programs.SEEN.clear()
+    config = load_config(
+        REPO / "experiments" / "agent_calculator_smollm2.yaml",
+        [
+            f"run.run_dir={run_dir}",
+            "run.progress=false",
+            "env.kwargs.agent=agent_programs:greedy_call",
+            "env.kwargs.rows=agent_programs:rows",
+            "env.kwargs.temperature_range=[0.0, 1.0]",
+            "env.kwargs.max_calls=1",
+            "env.kwargs.context_length=64",
+            "env.kwargs.response_length=8",
+            "env.global_num_envs=8",
+            "algorithm.rollout_length=1",
+            "algorithm.num_minibatches=1",
+            "run.total_env_steps=8",
+        ],
+    )
+    result = train(config)
+    assert result.updates == 1
+    answers: dict[str, set[str]] = {}
+    for question, content in agent_programs.SEEN:
+        answers.setdefault(question, set()).add(content)
+    assert len(agent_programs.SEEN) == 8 and len(answers) == 2, agent_programs.SEEN
+    assert all(len(contents) == 1 for contents in answers.values()), answers
 
 
 @pytest.mark.slow  # SmolLM2 on the learner, the agents on an env rank: ~2 min

@@ -422,6 +422,25 @@ def test_a_step_without_a_move_counts_its_reward_and_trains_none_of_its_tokens()
     assert float(trained.params["w"]) != pytest.approx(float(same.params["w"]), rel=1e-6)
 
 
+def test_a_completion_cut_short_trains_only_the_tokens_handed_back():
+    """An agent's request cut a completion at its max_tokens or stop string: the env reports
+    the ids it handed back (`response_tokens`), and the tokens sampled past them get no
+    gradient, whatever they are."""
+    update, optimizer = _update_of(loss_aggregation="token")
+    rollout = _rollout(VALID)
+    rollout["response_tokens"] = np.full(REWARD.shape, 3, np.int32)
+    rollout["response_tokens"][1, 3] = 1
+    state, metrics = update(_state(optimizer), rollout)
+    other = dict(rollout, action=rollout["action"].copy())
+    other["action"][1, 3, 1:] = [6, 6]
+    same, _ = update(_state(optimizer), other)
+    assert float(state.params["w"]) == pytest.approx(float(same.params["w"]), rel=1e-6)
+    whole = dict(other, response_tokens=np.full(REWARD.shape, 3, np.int32))
+    trained, whole_metrics = update(_state(optimizer), whole)
+    assert float(trained.params["w"]) != pytest.approx(float(same.params["w"]), rel=1e-6)
+    assert int(whole_metrics["trained_tokens"]) - int(metrics["trained_tokens"]) == 2
+
+
 # The groups of `_rollout(VALID)`, (t, group) in order: 1 0 0 1 | 1 1 1 1 | .5 0 _ 1 | 0 0 0 _.
 INFORMATIVE = np.array([[True, False], [True, False]])
 

@@ -134,3 +134,37 @@ def test_an_error_on_the_serving_thread_is_raised_on_the_learners():
         server.close()
     endpoint.reply(0)  # the env rank, never answered, is let go
     asking.join(timeout=10)
+
+
+class TemperatureEchoPolicy(DoublingPolicy):
+    """Answers each row's requested temperature as its log-prob."""
+
+    def act_with(self, obs, noise, sampling=None):
+        action, _, value = super().act_with(obs, noise)
+        return action, sampling[:, 0].copy(), value
+
+
+def test_a_text_env_rows_sampling_reaches_the_policy():
+    """A text env's request carries each row's temperature and top_p (the agent env's
+    requests'); a request without them asks for 1 and 1, the policy's own distribution."""
+    request_spec = inference_request_spec((2,), "float32", NUM_ENVS, text=True)
+    reply_spec = inference_reply_spec((), np.dtype(np.int64), (), NUM_ENVS)
+    endpoint = MemoryEndpoint(request_spec, reply_spec)
+    server = InferenceServer(
+        TemperatureEchoPolicy(),
+        endpoint,
+        [request_spec],
+        [reply_spec],
+        [lambda: np.zeros((NUM_ENVS, 1), np.float32)],
+        threaded=True,
+    )
+    env_rank = RemotePolicy(endpoint.call, request_spec, reply_spec)
+    server.start()
+    try:
+        obs = np.zeros((NUM_ENVS, 2), np.float32)
+        sampling = np.array([[0.5, 1.0], [1.0, 0.9], [0.0, 1.0]], np.float32)
+        np.testing.assert_array_equal(env_rank.act(obs, sampling=sampling)[1], [0.5, 1.0, 0.0])
+        np.testing.assert_array_equal(env_rank.act(obs)[1], [1.0, 1.0, 1.0])
+        server.check()
+    finally:
+        server.close()

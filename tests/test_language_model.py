@@ -10,7 +10,13 @@ import pytest
 from agentenv_jax.checkpoint.pretrained import load_language_model, save_language_model
 from agentenv_jax.checkpoint.store import CheckpointError
 from agentenv_jax.config.errors import MeshError
-from agentenv_jax.networks.generation import Generation, generate, sample_categorical
+from agentenv_jax.networks.generation import (
+    NUCLEUS_CANDIDATES,
+    Generation,
+    generate,
+    nucleus_logits,
+    sample_categorical,
+)
 from agentenv_jax.networks.language_model import (
     LM_SIZES,
     LanguageModel,
@@ -136,6 +142,83 @@ def test_tempered_samples_report_the_policy_log_probs(generated: tuple) -> None:
     assert not np.array_equal(cold.tokens, cached.tokens)
     scores = score_jit(lm, params, context, cold.tokens, PAD, EOS)
     np.testing.assert_allclose(scores.log_probs, cold.log_probs, atol=1e-5)
+
+
+def _numpy_nucleus(logits: np.ndarray, top_p: float) -> np.ndarray:
+    """The nucleus by its definition, one row at a time: sort by probability, keep the most
+    likely token, then tokens while the mass before them is below top_p."""
+    out = np.full_like(logits, -1e30)
+    for row, x in enumerate(logits):
+        p = np.exp(x - x.max())
+        p /= p.sum()
+        mass = 0.0
+        for token in np.argsort(-p, kind="stable"):
+            if mass > 0 and mass >= top_p and top_p < 1.0:
+                break
+            out[row, token] = x[token]
+            mass += p[token]
+    return out
+
+
+@pytest.mark.parametrize("top_p", [0.0, 0.3, 0.9, 0.999, 1.0])
+@pytest.mark.parametrize("vocab", [50, 2000])
+def test_the_nucleus_keeps_the_fewest_likeliest_tokens_reaching_top_p(top_p, vocab) -> None:
+    """Over a vocabulary smaller and larger than the candidates the nucleus is first looked
+    for among (`NUCLEUS_CANDIDATES`), with a nearly flat row, whose nucleus is wider."""
+    rng = np.random.default_rng(7)
+    logits = (rng.normal(size=(6, vocab)) * 3).astype(np.float32)
+    logits[5] *= 0.01
+    got = np.asarray(nucleus_logits(jnp.asarray(logits), jnp.full((6,), top_p)))
+    want = _numpy_nucleus(logits, top_p)
+    np.testing.assert_array_equal(got, want)
+    kept = (want > -1e30).sum(-1)
+    if vocab > NUCLEUS_CANDIDATES and top_p == 0.9:
+        assert kept[5] > NUCLEUS_CANDIDATES > kept[:5].max()  # both ways of finding it
+
+
+@pytest.mark.slow
+def test_each_row_samples_at_its_own_temperature_and_top_p(generated: tuple) -> None:
+    """A batch of rows at different temperatures and nuclei draws, row by row, what each row
+    generated alone at its sampling draws; `sampler_log_probs` are those of the tempered,
+    cut distribution (numpy, from the model's logits), `log_probs` still the policy's."""
+    lm, params, context, _, _ = generated
+    keys = jax.random.split(jax.random.key(9), context.shape[0])
+    temperature = jnp.asarray([1.0, 0.5, 2.0, 0.0])
+    top_p = jnp.asarray([1.0, 1.0, 0.6, 1.0])
+    kwargs = dict(response_length=RESPONSE_LENGTH, pad_id=PAD, eos_id=EOS)
+    batch = generate_jit(lm, params, context, keys, temperature=temperature, top_p=top_p, **kwargs)
+    for row in range(context.shape[0]):
+        alone = generate_jit(
+            lm,
+            params,
+            context[row : row + 1],
+            keys[row : row + 1],
+            temperature=temperature[row : row + 1],
+            top_p=top_p[row : row + 1],
+            **kwargs,
+        )
+        np.testing.assert_array_equal(alone.tokens[0], batch.tokens[row])
+    tokens, mask = np.asarray(batch.tokens), np.asarray(batch.mask)
+    scores = score_jit(lm, params, context, batch.tokens, PAD, EOS)
+    np.testing.assert_allclose(batch.log_probs, scores.log_probs, atol=1e-5)
+    # The policy's logits before each response token, as `score` reads them.
+    logits, _ = lm.apply(
+        params,
+        jnp.concatenate([context, batch.tokens], axis=1),
+        jnp.concatenate([context != PAD, mask > 0], axis=1),
+        slice(context.shape[1] - 1, context.shape[1] + RESPONSE_LENGTH - 1),
+    )
+    logits = np.asarray(logits).copy()
+    logits[..., PAD] = -1e30
+    for row, (t, p) in enumerate(zip([1.0, 0.5, 2.0, 1e-4], [1.0, 1.0, 0.6, 1.0], strict=True)):
+        drawn_from = _numpy_nucleus(logits[row] / np.float32(t), p).astype(np.float64)
+        log_policy = drawn_from - np.logaddexp.reduce(drawn_from, axis=-1, keepdims=True)
+        want = np.take_along_axis(log_policy, tokens[row][:, None], axis=-1)[:, 0] * mask[row]
+        np.testing.assert_allclose(batch.sampler_log_probs[row], want, atol=2e-4)
+    # Row 3 (temperature 0) is greedy: each token its step's most likely one.
+    real = mask[3] > 0
+    np.testing.assert_array_equal(tokens[3][real], logits[3].argmax(-1)[real])
+    assert not np.allclose(batch.sampler_log_probs[1], batch.log_probs[1])
 
 
 def test_sampling_draws_what_jax_random_categorical_draws() -> None:

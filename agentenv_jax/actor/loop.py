@@ -373,7 +373,12 @@ class Actor:
         splits = getattr(self._env, "splits", ())
         if len(splits) <= 1:
             tick = time.perf_counter()
-            action, log_prob, value = self._policy.act(obs_in)
+            # An env whose rows ask for their own sampling (the agent env's requests).
+            row_sampling = getattr(self._env, "row_sampling", None)
+            if row_sampling is None:
+                action, log_prob, value = self._policy.act(obs_in)
+            else:
+                action, log_prob, value = self._policy.act(obs_in, sampling=row_sampling())
             tock = time.perf_counter()
             outcome = self._env.step(self._env_action(action))
             return action, log_prob, value, outcome, tock - tick, time.perf_counter() - tock

@@ -13,8 +13,8 @@ from agentenv_jax.transport.spec import MessageSpec
 
 
 class RemotePolicy:
-    """`act(obs)` and `value(obs)` as requests: `call(request buffer) -> reply buffer` (the
-    transport's client, or the in-process server itself)."""
+    """`act(obs, sampling=None)` and `value(obs)` as requests: `call(request buffer) -> reply
+    buffer` (the transport's client, or the in-process server itself)."""
 
     num_params = 0  # nothing of the model lives here
 
@@ -47,7 +47,11 @@ class RemotePolicy:
         self.queued_s += max(time.perf_counter() - tick - float(reply["served_s"][0]), 0.0)
         return reply
 
-    def act(self, obs: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    def act(
+        self, obs: np.ndarray, sampling: np.ndarray | None = None
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        if "sampling" in self._fields:  # a text env's rows' temperature and top_p
+            self._fields["sampling"][...] = 1.0 if sampling is None else sampling
         reply = self._ask(INFERENCE_ACT, obs)
         return reply["action"].copy(), reply["log_prob"].copy(), reply["value"].copy()
 

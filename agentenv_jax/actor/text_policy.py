@@ -29,9 +29,10 @@ OPPONENT_NOISE_ROW = 1 << 30
 
 
 class TextPolicy:
-    """`ActorPolicy`'s interface for a language model: `act(obs [E, L])` generates one message
-    per env, `(tokens [E, M] int32, log_probs [E, M], values [E, M])`; `value(obs)` is V of
-    each context `[E]`.
+    """`ActorPolicy`'s interface for a language model: `act(obs [E, L], sampling=None)`
+    generates one message per env, `(tokens [E, M] int32, log_probs [E, M], values [E, M])`,
+    each row at its `sampling` (temperature, top_p), the log-probs the sampler's; `value(obs)`
+    is V of each context `[E]`.
 
     The noise of a call is `noise_source(...)()`: `int32 [E, 2]` (global env index, call
     number) per row, from which the jitted call derives each row's key.
@@ -60,14 +61,21 @@ class TextPolicy:
         base = jax.random.PRNGKey(seed)
         generate_text = text_generate(lm, text)
 
-        def act(flat_params, context, rows):
+        def act(flat_params, context, rows, sampling):
             # One batched generation with a key per row (not a vmap of one-row generations,
             # whose loop counters would be batched too, making every cache write a scatter).
             keys = jax.vmap(
                 lambda row: jax.random.fold_in(jax.random.fold_in(base, row[0]), row[1])
             )(rows)
-            out = generate_text(unravel(flat_params), context, keys)
-            return out.tokens, out.log_probs, out.values
+            out = generate_text(
+                unravel(flat_params),
+                context,
+                keys,
+                temperature=sampling[:, 0],
+                top_p=sampling[:, 1],
+            )
+            # The behaviour log-probs: the sampler's, the policy's own at the default sampling.
+            return out.tokens, out.sampler_log_probs, out.values
 
         def value(flat_params, context):
             return lm.context_value(unravel(flat_params), context, text.pad_id)
@@ -125,21 +133,30 @@ class TextPolicy:
         return move
 
     def act_with(
-        self, obs: np.ndarray, noise: np.ndarray, params: jax.Array | None = None
+        self,
+        obs: np.ndarray,
+        noise: np.ndarray,
+        params: jax.Array | None = None,
+        sampling: np.ndarray | None = None,
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """Messages for `obs` with the rows' `noise`, by `params` (default: the current)."""
+        """Messages for `obs` with the rows' `noise`, by `params` (default: the current), each
+        row sampled at its `sampling` `[E, 2]` (temperature, top_p; default 1 and 1: the
+        policy's own distribution)."""
         if self._length_bucket:  # generate from the columns the contexts use
             obs = obs[
                 ..., obs.shape[-1] - context_length_needed(obs, self._pad_id, self._length_bucket) :
             ]
         params = self._params if params is None else params
-        tokens, log_probs, values = jax.device_get(
-            self._act(params, jnp.asarray(obs, jnp.int32), noise)
-        )
+        if sampling is None:
+            sampling = np.ones((obs.shape[0], 2), np.float32)
+        context, sampling = jnp.asarray(obs, jnp.int32), jnp.asarray(sampling, jnp.float32)
+        tokens, log_probs, values = jax.device_get(self._act(params, context, noise, sampling))
         return tokens, log_probs, values
 
-    def act(self, obs: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        return self.act_with(obs, self._own_noise())
+    def act(
+        self, obs: np.ndarray, sampling: np.ndarray | None = None
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        return self.act_with(obs, self._own_noise(), sampling=sampling)
 
     def value(self, obs: np.ndarray) -> np.ndarray:
         return np.asarray(self._value(self._params, jnp.asarray(obs, jnp.int32)))

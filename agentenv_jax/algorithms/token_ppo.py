@@ -459,10 +459,12 @@ def make_token_ppo_update(
         received = valid = rollout["valid"].astype(jnp.float32)
         token_mask = token_mask.reshape(t, b, -1)
         if "response_tokens" in rollout:
-            # A step whose message was not a move (0 tokens: a seat whose game ended on
-            # another seat's move) carries its reward and episode end, and trains no token.
-            moved = (rollout["response_tokens"] > 0).astype(token_mask.dtype)
-            token_mask = token_mask * moved[:, :, None]
+            # Only the tokens the env took are trained: none for a step whose message was not
+            # a move (a seat whose game ended on another seat's move), which carries its
+            # reward and episode end; the first n of a completion cut at n tokens (an agent's
+            # request's max_tokens or stop string), the rest never reaching its agent.
+            taken = jnp.arange(token_mask.shape[-1]) < rollout["response_tokens"][:, :, None]
+            token_mask = token_mask * taken.astype(token_mask.dtype)
         reward = shaped_reward(
             rollout["reward"], valid, token_mask.sum(-1), token_mask.shape[-1], hp
         )

@@ -44,7 +44,7 @@ class BatchPolicy(Protocol):
     def set_params(self, flat_params: Any) -> None: ...
 
     def act_with(
-        self, obs: np.ndarray, noise: np.ndarray
+        self, obs: np.ndarray, noise: np.ndarray, **sampling: np.ndarray
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray]: ...
 
     def value(self, obs: np.ndarray) -> np.ndarray: ...
@@ -202,10 +202,15 @@ class InferenceServer:
             ]
             if not chosen:
                 continue
-            obs = self._full_batch([indices[k] for k in chosen], [requests[k] for k in chosen])
+            asking = [indices[k] for k in chosen]
+            obs = self._full_batch(asking, [requests[k]["obs"] for k in chosen])
             if act:
-                noise = self._full_noise([indices[k] for k in chosen])
-                action, log_prob, value = self._policy.act_with(obs, noise)
+                noise = self._full_noise(asking)
+                if "sampling" in requests[chosen[0]]:  # a text env's per-row sampling
+                    sampling = self._full_batch(asking, [requests[k]["sampling"] for k in chosen])
+                    action, log_prob, value = self._policy.act_with(obs, noise, sampling=sampling)
+                else:
+                    action, log_prob, value = self._policy.act_with(obs, noise)
             else:
                 state_value = self._policy.value(obs)
             for k in chosen:
@@ -231,15 +236,16 @@ class InferenceServer:
             self.requests_while_updating += len(indices)
         self.compute_s += served_s
 
-    def _full_batch(self, indices: list[int], requests: list[dict[str, np.ndarray]]) -> np.ndarray:
-        """Every env rank's rows: the requests' observations where they asked, copies of the
-        first request's first row elsewhere (answered, never read)."""
-        first = requests[0]["obs"]
-        obs = np.empty((self._bounds[-1], *first.shape[1:]), first.dtype)
-        obs[...] = first[:1]
-        for index, request in zip(indices, requests, strict=True):
-            obs[self._bounds[index] : self._bounds[index + 1]] = request["obs"]
-        return obs
+    def _full_batch(self, indices: list[int], fields: list[np.ndarray]) -> np.ndarray:
+        """Every env rank's rows of a request field (observations, sampling): the requests'
+        where they asked, copies of the first request's first row elsewhere (answered, never
+        read)."""
+        first = fields[0]
+        rows = np.empty((self._bounds[-1], *first.shape[1:]), first.dtype)
+        rows[...] = first[:1]
+        for index, field in zip(indices, fields, strict=True):
+            rows[self._bounds[index] : self._bounds[index + 1]] = field
+        return rows
 
     def _full_noise(self, indices: list[int]) -> np.ndarray:
         draws = {index: self._noise[index]() for index in indices}

@@ -7,19 +7,26 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 
-from agentenv_jax.networks.language_model import LanguageModel, policy_logits
+from agentenv_jax.networks.language_model import MASKED_SCORE, LanguageModel, policy_logits
+
+# The lowest temperature sampled at (0 asks for it): the most likely token wins unless two
+# logits are within ~1e-4 of each other.
+GREEDY_TEMPERATURE = 1e-4
 
 
 class Generation(NamedTuple):
     """A batch of sampled responses, all `[B, M]`: `tokens` int32 (`pad_id` after a row's first
     EOS); float32 `log_probs` of each token under the policy, `values` of the state before it,
     and `mask` (1 up to and including the first EOS). `log_probs` and `values` are 0 where `mask`
-    is 0. They equal `lm.score(params, context, tokens, pad_id, eos_id)`'s."""
+    is 0. They equal `lm.score(params, context, tokens, pad_id, eos_id)`'s.
+    `sampler_log_probs`: each token's log-prob under the distribution it was drawn from (the
+    policy's at temperature `t` and nucleus `top_p`); `log_probs` where those are 1."""
 
     tokens: jax.Array
     log_probs: jax.Array
     values: jax.Array
     mask: jax.Array
+    sampler_log_probs: jax.Array
 
 
 def sample_categorical(key: jax.Array, logits: jax.Array) -> jax.Array:
@@ -43,6 +50,47 @@ def sample_categorical(key: jax.Array, logits: jax.Array) -> jax.Array:
     return jnp.min(jnp.where(noisy == top, index, logits.shape[-1]), axis=-1)
 
 
+# The likeliest tokens a nucleus is first looked for among: a partial sort of these costs ~1/50
+# of sorting SmolLM2's 49,152 (2 against 157 ms a step for 16 rows on a CPU core); only a
+# nucleus wider than them sorts the whole vocabulary.
+NUCLEUS_CANDIDATES = 256
+
+
+def nucleus_logits(logits: jax.Array, top_p: jax.Array) -> jax.Array:
+    """`logits` `[B, V]` with every token outside each row's nucleus masked: the fewest most
+    likely tokens whose probabilities sum to at least `top_p` `[B]` (Holtzman et al., 2020),
+    ties at the boundary kept. The most likely token is always kept (`top_p` 0 keeps it
+    alone); `top_p` 1 keeps every token."""
+    probs = jax.nn.softmax(logits, axis=-1)
+
+    def smallest_kept(ranked: jax.Array) -> jax.Array:  # `ranked`: the likeliest, in order
+        # A token ranked k is in the nucleus if the tokens ranked above it sum to less.
+        inside = (jnp.cumsum(ranked, axis=-1) - ranked) < top_p[:, None]
+        inside = inside.at[:, 0].set(True)
+        return jnp.min(jnp.where(inside, ranked, jnp.inf), axis=-1, keepdims=True)
+
+    candidates = jax.lax.top_k(probs, min(NUCLEUS_CANDIDATES, probs.shape[-1]))[0]
+    narrow = (jnp.cumsum(candidates, axis=-1)[:, -1] >= top_p) | (top_p >= 1.0)
+    threshold = jax.lax.cond(
+        jnp.all(narrow),
+        smallest_kept,
+        lambda _: smallest_kept(-jnp.sort(-probs, axis=-1)),
+        candidates,
+    )
+    threshold = jnp.where(top_p[:, None] >= 1.0, -jnp.inf, threshold)
+    return jnp.where(probs >= threshold, logits, MASKED_SCORE)
+
+
+def sampler_logits(logits: jax.Array, temperature: jax.Array, top_p: jax.Array) -> jax.Array:
+    """The logits tokens are drawn from: `logits` `[B, V]` over each row's `temperature` `[B]`,
+    cut to its nucleus `top_p` `[B]` (computed only if some row's is below 1: sorting a
+    vocabulary per token is costly)."""
+    scaled = logits / temperature[:, None]
+    return jax.lax.cond(
+        jnp.all(top_p >= 1.0), lambda x: x, lambda x: nucleus_logits(x, top_p), scaled
+    )
+
+
 def generate(
     lm: LanguageModel,
     params: Any,
@@ -53,21 +101,24 @@ def generate(
     pad_id: int,
     eos_id: int,
     temperature: float | jax.Array = 1.0,
+    top_p: float | jax.Array = 1.0,
     use_cache: bool = True,
 ) -> Generation:
     """Sample `response_length` (M) tokens after each row of `context` `[B, L]` (int32, left-padded
     with `pad_id`).
 
-    Token i is drawn from `softmax(logits / temperature)` with key `fold_in(key, i)`, on both
-    paths, so for a fixed key the cached and uncached paths give the same tokens. `key` is one
-    key for the batch, or one per row (`[B]` typed keys, `[B, 2]` raw ones): then row b draws
-    the noise that generating it alone with `key[b]` would, whatever rows share its batch, and
-    the batch is still one computation. `log_probs` are
-    always those of the policy itself (temperature 1), as `score` computes them: at temperature 1
-    they are the behaviour log-probs PPO needs; at any other temperature the samples come from a
-    different distribution than the one the log-probs describe, so PPO's importance ratios are no
-    longer on-policy (use temperature != 1 for evaluation, not for collecting training data).
-    `temperature` must be > 0.
+    Token i is drawn from `softmax(logits / temperature)`, cut to its nucleus `top_p`, with key
+    `fold_in(key, i)`, on both paths, so for a fixed key the cached and uncached paths give the
+    same tokens. `temperature` and `top_p` are one number for the batch or one per row (`[B]`).
+    `key` is one key for the batch, or one per row (`[B]` typed keys, `[B, 2]` raw ones): then
+    row b draws the noise that generating it alone with `key[b]` would, whatever rows share its
+    batch, and the batch is still one computation. `log_probs` are always those of the policy
+    itself (temperature 1), as `score` computes them; `sampler_log_probs` are those of the
+    distribution each token was drawn from. At temperature 1 and `top_p` 1 the two agree and are
+    the behaviour log-probs PPO needs; otherwise the samples are off-policy, and only
+    `sampler_log_probs` make a correct importance ratio for them. `temperature` 0 (or
+    below `GREEDY_TEMPERATURE`) samples at `GREEDY_TEMPERATURE`; `top_p` is in [0, 1] (0 keeps
+    the most likely token alone).
 
     `use_cache=True`: one `prefill` of the context into a KV cache of length L + M, then one
     `decode` per token in a `lax.while_loop` that ends when every row has emitted EOS (or after
@@ -83,25 +134,46 @@ def generate(
     per_row_keys = key.ndim == (1 if typed else 2)
     total = context_length + response_length
     context_mask = (context != pad_id).astype(jnp.int32)
+    # The policy's own distribution (a Python 1.0 for both): its log-probs are the sampler's.
+    plain = all(isinstance(x, int | float) and x == 1.0 for x in (temperature, top_p))
+    temperature = jnp.broadcast_to(
+        jnp.maximum(jnp.asarray(temperature, jnp.float32), GREEDY_TEMPERATURE), (batch,)
+    )
+    top_p = jnp.broadcast_to(jnp.asarray(top_p, jnp.float32), (batch,))
 
     def emit(step: jax.Array, logits: jax.Array, value: jax.Array, done: jax.Array) -> tuple:
-        """Sample token `step` from `logits` `[B, V]`: `(token, log_prob, value, alive)`."""
+        """Sample token `step` from `logits` `[B, V]`: `(token, log_prob, sampler log_prob,
+        value, alive)`."""
         logits = policy_logits(logits, pad_id)
+        drawn_from = logits if plain else sampler_logits(logits, temperature, top_p)
         if per_row_keys:  # each row's draw as generating that row alone would make it
             sampled = jax.vmap(
                 lambda row_key, row: sample_categorical(
                     jax.random.fold_in(row_key, step), row[None]
                 )[0]
-            )(key, logits / temperature)
+            )(key, drawn_from)
         else:
-            sampled = sample_categorical(jax.random.fold_in(key, step), logits / temperature)
-        log_prob = jnp.take_along_axis(
-            jax.nn.log_softmax(logits, axis=-1), sampled[:, None], axis=-1
-        )[:, 0]
+            sampled = sample_categorical(jax.random.fold_in(key, step), drawn_from)
+
+        def log_prob_of(x: jax.Array) -> jax.Array:
+            return jnp.take_along_axis(jax.nn.log_softmax(x, axis=-1), sampled[:, None], axis=-1)[
+                :, 0
+            ]
+
+        log_prob = log_prob_of(logits)
+        if plain:
+            sampler_log_prob = log_prob
+        else:  # a second log-softmax only where some row samples otherwise
+            sampler_log_prob = jax.lax.cond(
+                jnp.all((temperature == 1.0) & (top_p >= 1.0)),
+                lambda: log_prob,
+                lambda: log_prob_of(drawn_from),
+            )
         alive = ~done
         return (
             jnp.where(alive, sampled, pad_id).astype(jnp.int32),
             jnp.where(alive, log_prob, 0.0),
+            jnp.where(alive, sampler_log_prob, 0.0),
             jnp.where(alive, value, 0.0),
             alive,
         )
@@ -111,6 +183,7 @@ def generate(
     # steps skipped would emit pad_id with log-prob, value and mask 0, the outputs' fill.
     outputs = (
         jnp.full((response_length, batch), pad_id, jnp.int32),
+        jnp.zeros((response_length, batch), jnp.float32),
         jnp.zeros((response_length, batch), jnp.float32),
         jnp.zeros((response_length, batch), jnp.float32),
         jnp.zeros((response_length, batch), bool),
@@ -134,13 +207,13 @@ def generate(
 
         def cached_step(carry: tuple) -> tuple:
             step, done, outputs, cache, logits, value = carry
-            token, log_prob, value, alive = emit(step, logits, value, done)
+            token, log_prob, sampler_log_prob, value, alive = emit(step, logits, value, done)
             # The decode after the last token is wasted work, but keeps every step the same
             # program (the cache has room for it: slot L + M - 1).
             cache, logits, next_value = lm.decode(
                 params, cache, token, context_length + step, alive
             )
-            outputs = record(outputs, step, (token, log_prob, value, alive))
+            outputs = record(outputs, step, (token, log_prob, sampler_log_prob, value, alive))
             return step + 1, done | (token == eos_id), outputs, cache, logits, next_value
 
         carry = (start, done, outputs, cache, logits, value)
@@ -159,20 +232,22 @@ def generate(
             here = context_length - 1 + step  # the position that predicts token `step`
             logits = jax.lax.dynamic_index_in_dim(all_logits, here, axis=1, keepdims=False)
             value = jax.lax.dynamic_index_in_dim(all_values, here, axis=1, keepdims=False)
-            token, log_prob, value, alive = emit(step, logits, value, done)
+            token, log_prob, sampler_log_prob, value, alive = emit(step, logits, value, done)
             at = (0, context_length + step)
             tokens = jax.lax.dynamic_update_slice(tokens, token[:, None], at)
             mask = jax.lax.dynamic_update_slice(mask, alive.astype(jnp.int32)[:, None], at)
-            outputs = record(outputs, step, (token, log_prob, value, alive))
+            outputs = record(outputs, step, (token, log_prob, sampler_log_prob, value, alive))
             return step + 1, done | (token == eos_id), outputs, tokens, mask
 
         carry = (start, done, outputs, tokens, mask)
         _, _, outputs, *_ = jax.lax.while_loop(answering, uncached_step, carry)
 
-    tokens, log_probs, values, alive = (x.T for x in outputs)  # written [M, B], step by step
+    # Written [M, B], step by step.
+    tokens, log_probs, sampler_log_probs, values, alive = (x.T for x in outputs)
     return Generation(
         tokens=tokens,
-        log_probs=log_probs.astype(jnp.float32),
+        log_probs=log_probs,
         values=values.astype(jnp.float32),
         mask=alive.astype(jnp.float32),
+        sampler_log_probs=sampler_log_probs,
     )

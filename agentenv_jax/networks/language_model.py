@@ -61,7 +61,7 @@ LM_SIZES: dict[str, dict[str, int]] = {
 
 _DTYPES = ("float32", "bfloat16", "float16")
 _INIT_STD = 0.02  # GPT-2's kernel and embedding scale
-_MASKED_SCORE = -1e30  # finite, so a query with no key to attend to gets finite (uniform) weights
+MASKED_SCORE = -1e30  # finite, so a query with no key to attend to gets finite (uniform) weights
 _NORM_EPS = 1e-5
 
 
@@ -250,7 +250,7 @@ def count_params(params: Any) -> int:
 def policy_logits(logits: jax.Array, pad_id: int) -> jax.Array:
     """The policy's logits `[..., V]`: `pad_id` is never generated (a PAD inside a dialogue
     would read as padding in the next context), so its logit is masked out."""
-    return logits.at[..., pad_id].set(_MASKED_SCORE)
+    return logits.at[..., pad_id].set(MASKED_SCORE)
 
 
 def response_mask(response: jax.Array, eos_id: int) -> jax.Array:
@@ -366,7 +366,7 @@ def _attend(
         keys.astype(dtype),
         preferred_element_type=jnp.float32,
     )
-    scores = jnp.where(allowed[:, None], scores * scale, _MASKED_SCORE)
+    scores = jnp.where(allowed[:, None], scores * scale, MASKED_SCORE)
     weights = jax.nn.softmax(scores, axis=-1)
     out = jnp.einsum(
         "bhst,bthd->bshd",

@@ -200,7 +200,9 @@ def inference_specs(spaces, topology: Topology) -> list[tuple[Any, Any]]:
     per_token = () if spaces.text is None else (spaces.text.response_length,)
     return [
         (
-            inference_request_spec(spaces.obs_shape, spaces.obs_dtype, n * spaces.agents),
+            inference_request_spec(
+                spaces.obs_shape, spaces.obs_dtype, n * spaces.agents, spaces.text is not None
+            ),
             inference_reply_spec(
                 spaces.action_shape, spaces.action_dtype, per_token, n * spaces.agents
             ),

@@ -124,15 +124,17 @@ INFERENCE_VALUE = 1  # ... or only V(obs), for bootstrapping
 
 
 def inference_request_spec(
-    obs_shape: tuple[int, ...], obs_dtype: str, num_envs: int
+    obs_shape: tuple[int, ...], obs_dtype: str, num_envs: int, text: bool = False
 ) -> MessageSpec:
-    """What an env rank asks: the request's kind and its `E` observations."""
-    return MessageSpec(
-        [
-            FieldSpec("kind", (1,), np.int64),
-            FieldSpec("obs", (num_envs, *obs_shape), np.dtype(obs_dtype)),
-        ]
-    )
+    """What an env rank asks: the request's kind and its `E` observations; for a text env
+    (`text`), also each row's `sampling` (temperature, top_p)."""
+    fields = [
+        FieldSpec("kind", (1,), np.int64),
+        FieldSpec("obs", (num_envs, *obs_shape), np.dtype(obs_dtype)),
+    ]
+    if text:
+        fields.append(FieldSpec("sampling", (num_envs, 2), np.float32))
+    return MessageSpec(fields)
 
 
 def inference_reply_spec(

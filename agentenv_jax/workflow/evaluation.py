@@ -45,10 +45,6 @@ from agentenv_jax.envs.text.registry import has_splits, is_text_env
 from agentenv_jax.envs.text.vector_env import FINISHED_TRANSCRIPTS
 from agentenv_jax.metrics.compilation import use_persistent_cache
 
-# Text envs' deterministic evaluation samples at this temperature: the most likely token wins
-# unless two logits are within ~1e-4 of each other.
-GREEDY_TEMPERATURE = 1e-4
-
 
 @dataclasses.dataclass(frozen=True)
 class Evaluation:
@@ -318,6 +314,7 @@ def evaluate(
     if is_text_env(config.env.id):
         if video_dir is not None:
             raise ConfigError("--video is not supported for text envs: evaluate without it")
+        from agentenv_jax.networks.generation import GREEDY_TEMPERATURE
         from agentenv_jax.workflow.text_dialogues import pass_at_k, sample_dialogues
 
         answers = 1 if pass_at is None else pass_at

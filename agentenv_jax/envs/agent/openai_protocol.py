@@ -14,7 +14,7 @@ import math
 import re
 import time
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 # A tool call as Hermes / Qwen templates teach models to write it.
@@ -373,6 +373,38 @@ def parse_completion_request(
         {**body, "messages": [{"role": "user", "content": ""}]}, served_model, bounds
     )
     return CompletionRequest(prompt, chat.temperature, chat.top_p, chat.max_tokens, chat.stop)
+
+
+@dataclasses.dataclass(frozen=True)
+class CutCompletion:
+    """A sampled completion as a request asked for it."""
+
+    ids: tuple[int, ...]  # the ids handed back, and trained
+    text: str  # the response's text: a stop string and what follows it left out
+    finish_reason: str  # `stop` (EOS or a stop string) or `length`
+
+
+def cut_completion(
+    ids: Sequence[int],
+    decode: Callable[[Sequence[int]], str],
+    eos_id: int,
+    max_tokens: int,
+    stop: Sequence[str],
+) -> CutCompletion:
+    """The sampled `ids` (up to and including EOS, or as many as were generated) cut as OpenAI
+    cuts a completion: at most `max_tokens` ids, and ended where one of the `stop` strings
+    first appears, which the text leaves out. The ids keep the token that completed the stop
+    string: the model sampled it, and it ended the completion."""
+    ids = list(ids)[:max_tokens]
+    whole = decode(ids)
+    if any(s in whole for s in stop):
+        for k in range(1, len(ids) + 1):  # the shortest prefix whose text holds a stop string
+            text = decode(ids[:k])
+            found = [at for at in (text.find(s) for s in stop) if at >= 0]
+            if found:
+                return CutCompletion(tuple(ids[:k]), text[: min(found)], "stop")
+    ended = bool(ids) and ids[-1] == eos_id
+    return CutCompletion(tuple(ids), whole, "stop" if ended else "length")
 
 
 def text_completion(

@@ -41,7 +41,7 @@ import sys
 import threading
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from typing import Any
 
@@ -49,10 +49,12 @@ import gymnasium as gym
 import numpy as np
 
 from agentenv_jax.envs.agent.openai_protocol import (
+    CutCompletion,
     OpenAIError,
     SamplingBounds,
     chat_completion,
     context_exceeded,
+    cut_completion,
     models_list,
     parse_chat_request,
     parse_completion_request,
@@ -110,7 +112,9 @@ class AgentAccounting:
     prompt_tokens: int = 0
     completion_tokens: int = 0
     sequences: int = 0  # training sequences of the ended runs' calls (`join_calls`)
-    sampling_ignored: int = 0  # calls asking for other sampling than the policy's (not applied)
+    sampling_clamped: int = 0  # calls whose temperature or top_p was moved into the ranges
+    completions_cut: int = 0  # completions ended early by the request's max_tokens or stop
+    tokens_cut: int = 0  # tokens sampled past those ends: never handed back nor trained
     generation_batches: int = 0  # vector steps that generated for at least one call
     largest_batch: int = 0
     last_error: str = ""
@@ -136,7 +140,8 @@ class _Call:
     prompt_ids: np.ndarray
     prompt_text: str | None  # None: a `/v1/completions` prompt (no chat history to extend)
     request: Any
-    completion: Future = dataclasses.field(default_factory=Future)
+    sampling: tuple[float, float]  # the temperature and top_p it is sampled at
+    completion: Future = dataclasses.field(default_factory=Future)  # of a CutCompletion
 
 
 @dataclasses.dataclass(eq=False)
@@ -153,6 +158,21 @@ class _Run:
     completion_tokens: int = 0
     ending: str | None = None
     reward: float = 0.0
+
+
+def _sampling_range(name: str, value: Any, highest: float) -> tuple[float, float]:
+    """`env.kwargs.<name>`: `[low, high]` with 0 <= low <= high <= `highest`."""
+    if (
+        not isinstance(value, list | tuple)
+        or len(value) != 2
+        or not all(isinstance(x, int | float) and not isinstance(x, bool) for x in value)
+        or not 0.0 <= value[0] <= value[1] <= highest
+    ):
+        raise EnvError(
+            f"env.kwargs.{name} = {value!r}: expected [low, high] with 0 <= low <= high <= "
+            f"{highest:g}"
+        )
+    return float(value[0]), float(value[1])
 
 
 def _agent_function(agent: Any) -> Callable[..., Any]:
@@ -202,6 +222,8 @@ class AgentVectorEnv(gym.vector.VectorEnv):
         failure_reward: float = 0.0,
         success_reward: float = 1.0,
         model_name: str = "policy",
+        temperature_range: Sequence[float] = (1.0, 1.0),
+        top_p_range: Sequence[float] = (1.0, 1.0),
         episode_groups: bool = False,
     ):
         self.num_envs = require_int("num_envs", num_envs, 1)
@@ -231,6 +253,8 @@ class AgentVectorEnv(gym.vector.VectorEnv):
         if not isinstance(model_name, str) or not model_name:
             raise EnvError(f"env.kwargs.model_name = {model_name!r}: expected a non-empty string")
         self.model_name = model_name
+        self._temperature_range = _sampling_range("temperature_range", temperature_range, 2.0)
+        self._top_p_range = _sampling_range("top_p_range", top_p_range, 1.0)
         if (path is None) == (rows is None):
             raise EnvError(
                 "env.id = 'agent' takes its rows from a dataset file (env.kwargs.path) or a "
@@ -432,18 +456,20 @@ class AgentVectorEnv(gym.vector.VectorEnv):
                     )
         if len(ids) > self._context_length:
             raise context_exceeded(len(ids), self.bounds)
-        asked_other = request.temperature != 1.0 or request.top_p != 1.0 or request.stop
-        if asked_other or request.max_tokens < self._response_length:
+        asked = (request.temperature, request.top_p)
+        (t_low, t_high), (p_low, p_high) = self._temperature_range, self._top_p_range
+        sampling = (
+            min(max(request.temperature, t_low), t_high),
+            min(max(request.top_p, p_low), p_high),
+        )
+        if sampling != asked:
             with self._changed:
-                self.accounting.sampling_ignored += 1
-        return _Call(np.asarray(ids, np.int32), text, request)
+                self.accounting.sampling_clamped += 1
+        return _Call(np.asarray(ids, np.int32), text, request, sampling)
 
-    def _response(self, run: _Run, call: _Call, completion: np.ndarray) -> dict[str, Any]:
-        tokenizer = self.tokenizer
-        text = tokenizer.decode(completion)
-        ended = bool(completion.size) and int(completion[-1]) == tokenizer.eos_id
-        reason = "stop" if ended else "length"
-        prompt_tokens, completion_tokens = int(call.prompt_ids.size), int(completion.size)
+    def _response(self, run: _Run, call: _Call, completion: CutCompletion) -> dict[str, Any]:
+        text, reason = completion.text, completion.finish_reason
+        prompt_tokens, completion_tokens = int(call.prompt_ids.size), len(completion.ids)
         if call.prompt_text is None:  # a `/v1/completions` call
             return text_completion(self.model_name, text, reason, prompt_tokens, completion_tokens)
         response = chat_completion(
@@ -456,10 +482,25 @@ class AgentVectorEnv(gym.vector.VectorEnv):
         )
         for tool_call in response["choices"][0]["message"].get("tool_calls") or ():
             run.generated[tool_call["id"]] = text
+        # The text of every id handed back, a stop string too: a next prompt that extends it
+        # extends the ids; one whose history lacks the stop string starts a new sequence.
         run.previous = AnsweredCall(
-            call.prompt_text, tuple(call.prompt_ids.tolist()), tuple(completion.tolist()), text
+            call.prompt_text,
+            tuple(call.prompt_ids.tolist()),
+            completion.ids,
+            self.tokenizer.decode(np.asarray(completion.ids, np.int64)),
         )
         return response
+
+    def row_sampling(self) -> np.ndarray:
+        """`float32 [E, 2]`: the temperature and top_p each slot's pending call is sampled at
+        (its request's, moved into `temperature_range` and `top_p_range`; 1 and 1 for a slot
+        without one). The actor loop passes it to the policy with the step's observations."""
+        sampling = np.ones((self.num_envs, 2), np.float32)
+        for slot, run in enumerate(self._runs):
+            if run is not None and run.current is not None:
+                sampling[slot] = run.current.sampling
+        return sampling
 
     # -- the vector env: one step per batch of calls -----------------------------------------
 
@@ -495,7 +536,21 @@ class AgentVectorEnv(gym.vector.VectorEnv):
         acted = np.array([run is not None and run.current is not None for run in self._runs])
         served = [int(slot) for slot in np.flatnonzero(acted)]
         for slot in served:
-            self._deliver(slot, actions[slot, : response_tokens[slot]].astype(np.int32))
+            call = self._runs[slot].current
+            sampled = actions[slot, : response_tokens[slot]].tolist()
+            completion = cut_completion(
+                sampled,
+                self.tokenizer.decode,
+                self.tokenizer.eos_id,
+                call.request.max_tokens,
+                call.request.stop,
+            )
+            # The tokens handed back are those trained: the learner masks the rest.
+            response_tokens[slot] = len(completion.ids)
+            cut = len(sampled) - len(completion.ids)
+            self.accounting.completions_cut += cut > 0
+            self.accounting.tokens_cut += cut
+            self._deliver(slot, completion)
         self.accounting.generation_batches += bool(served)
         self.accounting.largest_batch = max(self.accounting.largest_batch, len(served))
         self._wait_ready(served)
@@ -538,15 +593,15 @@ class AgentVectorEnv(gym.vector.VectorEnv):
         add_final_info(info, terminated | truncated, final_obs, success, returns, turns)
         return self._obs.copy(), rewards, terminated, truncated, info
 
-    def _deliver(self, slot: int, completion: np.ndarray) -> None:
+    def _deliver(self, slot: int, completion: CutCompletion) -> None:
         run = self._runs[slot]
         assert run is not None and run.current is not None
         call, run.current = run.current, None
-        run.calls.append(ModelCall(tuple(call.prompt_ids.tolist()), tuple(completion.tolist())))
-        run.completion_tokens += int(completion.size)
+        run.calls.append(ModelCall(tuple(call.prompt_ids.tolist()), completion.ids))
+        run.completion_tokens += len(completion.ids)
         self.accounting.calls += 1
         self.accounting.prompt_tokens += int(call.prompt_ids.size)
-        self.accounting.completion_tokens += int(completion.size)
+        self.accounting.completion_tokens += len(completion.ids)
         with self._changed:
             run.waiting_since = time.monotonic()
         call.completion.set_result(completion)
