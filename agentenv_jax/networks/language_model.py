@@ -33,6 +33,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from agentenv_jax.networks.packing import PackedRows, segment_allowed, segment_positions
+
 Params = dict[str, Any]
 
 # Presets of the trunk's dimensions (the vocabulary comes from the tokenizer). Every width is a
@@ -158,6 +160,11 @@ class LanguageModel(NamedTuple):
     - `decode(params, cache, token [B], index, mask [B] | None) -> (cache, logits, value)`.
     - `score(params, context [B, L], response [B, M], pad_id, eos_id) -> TokenScores`.
     - `context_value(params, context [B, L], pad_id) -> [B]`.
+    - `packed_apply(params, tokens [R, P], segments [R, P], rows [N], columns [N, K]) ->
+      (logits [N, K, V], values [N, K])`: a pass over packed rows (`networks.packing`), each
+      segment computed as it is alone, the heads read at `columns` of row `rows[i]`.
+    - `packed_score(params, packed: PackedRows, response [N, M], pad_id, eos_id) ->
+      TokenScores`: `score` of the messages `packed` holds, computed without their padding.
     """
 
     spec: Any  # LanguageModelSpec, or a pretrained family's (`networks.llama_policy`)
@@ -169,6 +176,8 @@ class LanguageModel(NamedTuple):
     decode: Callable[..., tuple[KVCache, jax.Array, jax.Array]]
     score: Callable[..., TokenScores]
     context_value: Callable[[Params, jax.Array, int], jax.Array]
+    packed_apply: Callable[..., tuple[jax.Array, jax.Array]]
+    packed_score: Callable[..., TokenScores]
 
 
 # -- parameters ------------------------------------------------------------------------------
@@ -297,10 +306,29 @@ def decode_slots(
     return key_mask, seen, position
 
 
+def _token_scores(
+    logits: jax.Array, values: jax.Array, response: jax.Array, mask: jax.Array, pad_id: int
+) -> TokenScores:
+    """`TokenScores` of `response` `[B, M]` from the logits `[B, M, V]` and values `[B, M]`
+    read before each of its tokens."""
+    log_policy = jax.nn.log_softmax(policy_logits(logits, pad_id), axis=-1)
+    log_probs = jnp.take_along_axis(log_policy, response[..., None], axis=-1)[..., 0]
+    entropy = -jnp.sum(jnp.exp(log_policy) * log_policy, axis=-1)
+    real = mask > 0
+    return TokenScores(
+        log_probs=jnp.where(real, log_probs, 0.0),
+        values=jnp.where(real, values, 0.0),
+        entropy=jnp.where(real, entropy, 0.0),
+        mask=mask,
+    )
+
+
 def scoring_functions(
     apply: Callable[..., tuple[jax.Array, jax.Array]],
-) -> tuple[Callable[..., TokenScores], Callable[[Params, jax.Array, int], jax.Array]]:
-    """A `LanguageModel`'s `score` and `context_value`, from its `apply` (any model family)."""
+    packed_apply: Callable[..., tuple[jax.Array, jax.Array]],
+) -> tuple[Callable[..., TokenScores], Callable[[Params, jax.Array, int], jax.Array], Callable]:
+    """A `LanguageModel`'s `score`, `context_value` and `packed_score`, from its `apply` and
+    `packed_apply` (any model family)."""
 
     def score(
         params: Params, context: jax.Array, response: jax.Array, pad_id: int, eos_id: int
@@ -317,23 +345,25 @@ def scoring_functions(
         # The heads read only the positions that predict a response token.
         before = slice(context_length - 1, context_length + response_length - 1)
         logits, values = apply(params, tokens, token_mask, before)
-        log_policy = jax.nn.log_softmax(policy_logits(logits, pad_id), axis=-1)
-        log_probs = jnp.take_along_axis(log_policy, response[..., None], axis=-1)[..., 0]
-        entropy = -jnp.sum(jnp.exp(log_policy) * log_policy, axis=-1)
-        real = mask > 0
-        return TokenScores(
-            log_probs=jnp.where(real, log_probs, 0.0),
-            values=jnp.where(real, values, 0.0),
-            entropy=jnp.where(real, entropy, 0.0),
-            mask=mask,
-        )
+        return _token_scores(logits, values, response, mask, pad_id)
 
     def context_value(params: Params, context: jax.Array, pad_id: int) -> jax.Array:
         """`[B]` float32: the value of the state after `context` `[B, L]` (score's values[:, 0])."""
         _, values = apply(params, context, context != pad_id, slice(-1, None))
         return values[:, -1]
 
-    return score, context_value
+    def packed_score(
+        params: Params, packed: PackedRows, response: jax.Array, pad_id: int, eos_id: int
+    ) -> TokenScores:
+        """`score` of the messages `packed` holds (`networks.packing.pack_rows` of a context and
+        this `response` `[N, M]`), their padding never computed: equal to `score` of the
+        unpacked batch up to float rounding."""
+        logits, values = packed_apply(
+            params, packed.tokens, packed.segments, packed.rows, packed.columns
+        )
+        return _token_scores(logits, values, response, response_mask(response, eos_id), pad_id)
+
+    return score, context_value, packed_score
 
 
 # -- the forward pass ------------------------------------------------------------------------
@@ -496,6 +526,21 @@ def make_language_model(spec: LanguageModelSpec) -> LanguageModel:
         logits, values, _ = forward(params, tokens, mask, read)
         return logits, values
 
+    def packed_apply(
+        params: Params,
+        tokens: jax.Array,
+        segments: jax.Array,
+        rows: jax.Array,
+        columns: jax.Array,
+    ) -> tuple[jax.Array, jax.Array]:
+        _check_length(spec, tokens.shape[1], "a packed row")
+        positions, allowed = segment_positions(segments), segment_allowed(segments)
+        hidden = {}
+        for name in spec.trunks:
+            states, _, _ = _run_trunk(spec, params[name], tokens, positions, allowed)
+            hidden[name] = states[rows[:, None], columns]
+        return _heads(spec, params, hidden)
+
     def init_cache(batch: int, length: int) -> KVCache:
         """An empty cache for `batch` rows of up to `length` tokens (context + response)."""
         _check_length(spec, length, "a KV cache")
@@ -540,7 +585,7 @@ def make_language_model(spec: LanguageModelSpec) -> LanguageModel:
         logits, value = _heads(spec, params, hidden)
         return KVCache(keys, values, key_mask), logits[:, 0], value[:, 0]
 
-    score, context_value = scoring_functions(apply)
+    score, context_value, packed_score = scoring_functions(apply, packed_apply)
     return LanguageModel(
         spec=spec,
         init=init,
@@ -551,4 +596,6 @@ def make_language_model(spec: LanguageModelSpec) -> LanguageModel:
         decode=decode,
         score=score,
         context_value=context_value,
+        packed_apply=packed_apply,
+        packed_score=packed_score,
     )

@@ -39,6 +39,7 @@ from agentenv_jax.networks.llama import (
     run_layers,
 )
 from agentenv_jax.networks.lora import ADAPTERS, LoRASpec, adapted, adapter_shapes, init_adapters
+from agentenv_jax.networks.packing import segment_allowed, segment_positions
 
 _INIT_STD = 0.02  # of random weight matrices, as the family's configs' initializer_range
 _DTYPES = ("float32", "bfloat16")
@@ -169,11 +170,9 @@ def make_llama_policy(spec: LlamaPolicySpec) -> LanguageModel:
             is_leaf=lambda x: isinstance(x, tuple),
         )
 
-    def forward(
-        params: Params, tokens: jax.Array, mask: jax.Array, read: slice = slice(None)
-    ) -> tuple[Any, ...]:
-        check_length(tokens.shape[1], "a token sequence")
-        positions, allowed = positions_of(mask), causal_allowed(mask)
+    def run_trunks(
+        params: Params, tokens: jax.Array, positions: jax.Array, allowed: jax.Array
+    ) -> tuple[dict[str, jax.Array], dict[str, tuple[jax.Array, jax.Array]]]:
         hidden, kv = {}, {}
         for name in spec.trunks:
             weights, adapters = trunk(params, name)
@@ -188,6 +187,13 @@ def make_llama_policy(spec: LlamaPolicySpec) -> LanguageModel:
                 adapted=adapters,
             )
             kv[name] = (keys, values)
+        return hidden, kv
+
+    def forward(
+        params: Params, tokens: jax.Array, mask: jax.Array, read: slice = slice(None)
+    ) -> tuple[Any, ...]:
+        check_length(tokens.shape[1], "a token sequence")
+        hidden, kv = run_trunks(params, tokens, positions_of(mask), causal_allowed(mask))
         # The heads (a vocabulary-wide matmul) run only where `read` looks.
         logits, values = heads(params, {name: h[:, read] for name, h in hidden.items()})
         return logits, values, kv
@@ -197,6 +203,18 @@ def make_llama_policy(spec: LlamaPolicySpec) -> LanguageModel:
     ) -> tuple[jax.Array, jax.Array]:
         logits, values, _ = forward(params, tokens, mask, read)
         return logits, values
+
+    def packed_apply(
+        params: Params,
+        tokens: jax.Array,
+        segments: jax.Array,
+        rows: jax.Array,
+        columns: jax.Array,
+    ) -> tuple[jax.Array, jax.Array]:
+        check_length(tokens.shape[1], "a packed row")
+        positions, allowed = segment_positions(segments), segment_allowed(segments)
+        hidden, _ = run_trunks(params, tokens, positions, allowed)
+        return heads(params, {name: h[rows[:, None], columns] for name, h in hidden.items()})
 
     def init_cache(batch: int, length: int) -> KVCache:
         check_length(length, "a KV cache")
@@ -238,7 +256,7 @@ def make_llama_policy(spec: LlamaPolicySpec) -> LanguageModel:
         logits, value = heads(params, hidden)
         return KVCache(keys, values, key_mask), logits[:, 0], value[:, 0]
 
-    score, context_value = scoring_functions(apply)
+    score, context_value, packed_score = scoring_functions(apply, packed_apply)
     return LanguageModel(
         spec=spec,
         init=init,
@@ -249,4 +267,6 @@ def make_llama_policy(spec: LlamaPolicySpec) -> LanguageModel:
         decode=decode,
         score=score,
         context_value=context_value,
+        packed_apply=packed_apply,
+        packed_score=packed_score,
     )

@@ -1,0 +1,96 @@
+"""Sequence packing: the messages of an update laid end to end in fixed-length rows, so that a
+forward pass computes no padding.
+
+A message is its context's real tokens (left padding dropped) and its response up to and
+including EOS. `pack_rows` (numpy, on the host) places messages in rows of `row_length` tokens,
+longest first, each into the first row with room for it, and numbers them in each row:
+`segments` is 1, 2, ... per message, 0 where nothing was placed. In a packed forward pass a
+token attends only to the earlier tokens of its own segment (`segment_allowed`) and its
+position counts from its segment's start (`segment_positions`), so each message is computed
+exactly as it is alone. `columns` says where to read the outputs that predict each response
+token, so scores come back in the `[N, M]` layout of the unpacked batch.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+
+class PackedRows(NamedTuple):
+    """Messages packed into `R` rows of `P` tokens (`pack_rows`)."""
+
+    tokens: np.ndarray  # int32 [R, P]: the messages' tokens, `pad_id` where none was placed
+    segments: np.ndarray  # int32 [R, P]: 1, 2, ... per message within its row; 0 for padding
+    rows: np.ndarray  # int32 [N]: the packed row of each message
+    # int32 [N, M]: the column whose output predicts response token j of message i (clipped
+    # into the row past the response's end, where the response mask is 0).
+    columns: np.ndarray
+
+
+def message_lengths(context: np.ndarray, response: np.ndarray, pad_id: int, eos_id: int):
+    """`(context tokens, response tokens)` `int [N]` of each message: its context's non-padding
+    tokens, and its response's up to and including the first EOS (all M without one)."""
+    context_tokens = (context != pad_id).sum(axis=1)
+    is_eos = response == eos_id
+    has_eos = is_eos.any(axis=1)
+    response_tokens = np.where(has_eos, is_eos.argmax(axis=1) + 1, response.shape[1])
+    return context_tokens.astype(np.int64), response_tokens.astype(np.int64)
+
+
+def pack_rows(
+    context: np.ndarray, response: np.ndarray, pad_id: int, eos_id: int, row_length: int
+) -> PackedRows:
+    """Pack the messages of `context` `[N, L]` (left-padded) and `response` `[N, M]` into rows
+    of `row_length` tokens, first fit by decreasing length. `ValueError` if a message is longer
+    than a row."""
+    context, response = np.asarray(context), np.asarray(response)
+    n, m = response.shape
+    context_tokens, response_tokens = message_lengths(context, response, pad_id, eos_id)
+    lengths = context_tokens + response_tokens
+    if n and lengths.max() > row_length:
+        raise ValueError(
+            f"a message of {int(lengths.max())} tokens does not fit a packed row of {row_length}"
+        )
+    free: list[int] = []  # tokens left in each row
+    placed = np.zeros((n, 2), np.int64)  # (row, start column)
+    for i in np.argsort(-lengths, kind="stable"):
+        row = next((r for r, left in enumerate(free) if left >= lengths[i]), len(free))
+        if row == len(free):
+            free.append(row_length)
+        placed[i] = row, row_length - free[row]
+        free[row] -= lengths[i]
+    tokens = np.full((len(free), row_length), pad_id, np.int32)
+    segments = np.zeros((len(free), row_length), np.int32)
+    columns = np.zeros((n, m), np.int32)
+    numbers = np.zeros(len(free), np.int32)
+    for i in range(n):
+        row, start = placed[i]
+        c, r = context_tokens[i], response_tokens[i]
+        tokens[row, start : start + c] = context[i, context.shape[1] - c :]
+        tokens[row, start + c : start + c + r] = response[i, :r]
+        numbers[row] += 1
+        segments[row, start : start + c + r] = numbers[row]
+        # Response token j is predicted by the output at the token before it.
+        columns[i] = np.minimum(start + c - 1 + np.arange(m), row_length - 1)
+    return PackedRows(tokens, segments, placed[:, 0].astype(np.int32), columns)
+
+
+def segment_positions(segments: jax.Array) -> jax.Array:
+    """`int32 [B, T]`: each token's position within its segment (0 at the segment's first
+    token), where a segment is a run of equal ids in `segments` `[B, T]`."""
+    index = jnp.arange(segments.shape[1], dtype=jnp.int32)[None]
+    before = jnp.concatenate([jnp.full_like(segments[:, :1], -1), segments[:, :-1]], axis=1)
+    starts = jnp.where(segments != before, index, 0)
+    return index - jax.lax.cummax(starts, axis=1)
+
+
+def segment_allowed(segments: jax.Array) -> jax.Array:
+    """`bool [B, T, T]`: token t may attend to token s <= t of the same segment (id > 0)."""
+    length = segments.shape[1]
+    causal = jnp.tril(jnp.ones((length, length), bool))
+    same = segments[:, :, None] == segments[:, None, :]
+    return causal[None] & same & (segments > 0)[:, None, :]
