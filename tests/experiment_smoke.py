@@ -107,6 +107,9 @@ def run_smoke(path: Path, run_dir: Path) -> None:
     record = read_metrics(result.run_dir / "metrics.jsonl")[0]
     losses = [v for k, v in record.items() if k.startswith("loss/")]
     assert losses and all(math.isfinite(v) for v in losses)
+    if is_text_env(shipped.env.id):  # what of generation and of the update was padding
+        assert 0.0 < record["generation_utilisation"] <= 1.0
+        assert 0.0 <= record["update_padding_fraction"] < 1.0
     assert_final_checkpoint_plays(result.run_dir, result.updates)
 
 

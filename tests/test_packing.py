@@ -15,10 +15,10 @@ from test_lora import adapted_policy, with_moved_adapters
 from agentenv_jax.algorithms.token_ppo import make_token_ppo_loss
 from agentenv_jax.networks.language_model import language_model_spec, make_language_model
 from agentenv_jax.networks.packing import (
-    message_lengths,
     pack_rows,
     segment_allowed,
     segment_positions,
+    token_counts,
 )
 
 CONTEXT, RESPONSE = 10, 6
@@ -46,7 +46,7 @@ def test_pack_rows_places_each_message_whole_in_fewer_rows():
     pad, eos = 0, 2
     context, response = mixed_messages(20, pad, 1, eos)
     packed = pack_rows(context, response, pad, eos, row_length=CONTEXT + RESPONSE)
-    context_tokens, response_tokens = message_lengths(context, response, pad, eos)
+    context_tokens, response_tokens = token_counts(context, response, pad, eos)
     lengths = context_tokens + response_tokens
     assert packed.tokens.shape[0] < len(context)  # fewer rows than messages
     assert (packed.segments > 0).sum() == lengths.sum()  # no padding placed, nothing lost

@@ -17,8 +17,11 @@ from agentenv_jax.config.schema import PPOConfig
 from agentenv_jax.envs.spaces import TextSpec
 from agentenv_jax.envs.text.padding import (
     context_length_needed,
+    generation_utilisation,
+    message_lengths,
     trim_text_rollout,
     trimmed_lengths,
+    update_padding_fraction,
 )
 from agentenv_jax.learner.text_training import token_ppo_hyperparams
 from agentenv_jax.networks.flat_params import FlatLayout
@@ -45,6 +48,26 @@ def test_lengths_are_the_used_columns_rounded_up_to_the_bucket():
     assert trimmed_lengths(obs, action, PAD, 16) == (12, 8)  # never beyond the configured
     empty = np.zeros_like(action)
     assert trimmed_lengths(np.zeros_like(obs), empty, PAD, 4) == (4, 4)  # at least a bucket
+
+
+def test_padding_is_measured_in_what_generation_and_the_update_compute():
+    """By hand: answers of 3, 1, 8 (no EOS) and 2 tokens, the last a padding step."""
+    action = np.zeros((1, 4, 8), np.int32)
+    action[0, 0, :3] = [4, 4, EOS]
+    action[0, 1, 0] = EOS
+    action[0, 2] = 4
+    action[0, 3, :2] = [4, EOS]
+    valid = np.array([[1, 1, 1, 0]])
+    np.testing.assert_array_equal(message_lengths(action, EOS), [[3, 1, 8, 2]])
+    # One generation of 4 answers decodes 8 steps (its longest): 32 tokens, 12 of them needed.
+    assert generation_utilisation([(action, valid)], EOS) == (12, 32)
+    # Two env ranks of two answers each: 2 x 3 + 2 x 8 steps computed.
+    halves = [(action[:, :2], valid[:, :2]), (action[:, 2:], valid[:, 2:])]
+    assert generation_utilisation(halves, EOS) == (12, 22)
+    obs = np.zeros((1, 4, 6), np.int32)
+    obs[0, :, 2:] = 5  # contexts of 4 tokens in 6
+    # 4 rows x 14 columns computed; the valid rows need 3 x 4 context + 12 answer tokens.
+    assert update_padding_fraction(obs, action, valid, PAD, EOS) == pytest.approx(1 - 24 / 56)
 
 
 def test_trimming_cuts_context_on_the_left_and_answers_on_the_right():

@@ -25,7 +25,12 @@ from agentenv_jax.buffers.segment_queue import ACTOR_TIMERS, segment_counts
 from agentenv_jax.config.schema import ExperimentConfig
 from agentenv_jax.envs import normalization as norm
 from agentenv_jax.envs.factory import EnvSpaces
-from agentenv_jax.envs.text.padding import trim_text_rollout, trimmed_lengths
+from agentenv_jax.envs.text.padding import (
+    generation_utilisation,
+    trim_text_rollout,
+    trimmed_lengths,
+    update_padding_fraction,
+)
 from agentenv_jax.learner.ahead_of_time import CompiledAhead
 from agentenv_jax.learner.group_refill import informative_mask, refilled_rollout
 from agentenv_jax.learner.guards import check_finite
@@ -454,6 +459,8 @@ class Learner:
                 "trained_context_length": context_length,
                 "trained_response_length": response_length,
             }
+        if self.text is not None:
+            trained_columns |= self._padding_measures(rounds, rollout)
         if self._global_batch:
             rollout = {
                 name: to_global(self._rollout_shardings[name], value)
@@ -565,6 +572,27 @@ class Learner:
         computed = self.inference.compute_s
         since, self._computed_s = computed - self._computed_s, computed
         return {"time/learner_generate_s": since}
+
+    def _padding_measures(
+        self, rounds: list[dict[str, np.ndarray]], rollout: dict[str, np.ndarray]
+    ) -> dict[str, float]:
+        """How much of what this update's rounds generated, and of what its update computes,
+        was needed (`envs.text.padding`): generation as each env rank's batches ran it."""
+        widths = np.cumsum([0, *(spec["action"].shape[1] for spec in self._segment_specs)])
+        needed, computed = generation_utilisation(
+            [
+                (r["action"][:, a:b], r["valid"][:, a:b])
+                for r in rounds
+                for a, b in zip(widths[:-1], widths[1:], strict=True)
+            ],
+            self._eos_id,
+        )
+        return {
+            "generation_utilisation": needed / computed if computed else 1.0,
+            "update_padding_fraction": update_padding_fraction(
+                rollout["obs"], rollout["action"], rollout["valid"], self._pad_id, self._eos_id
+            ),
+        }
 
     def _trimmed_lengths(self, rollout: dict[str, np.ndarray]) -> tuple[int, int]:
         """The lengths this round's messages need; with several learner processes the longest

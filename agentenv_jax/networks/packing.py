@@ -19,6 +19,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from agentenv_jax.envs.text.padding import message_lengths
+
 
 class PackedRows(NamedTuple):
     """Messages packed into `R` rows of `P` tokens (`pack_rows`)."""
@@ -31,14 +33,11 @@ class PackedRows(NamedTuple):
     columns: np.ndarray
 
 
-def message_lengths(context: np.ndarray, response: np.ndarray, pad_id: int, eos_id: int):
+def token_counts(context: np.ndarray, response: np.ndarray, pad_id: int, eos_id: int):
     """`(context tokens, response tokens)` `int [N]` of each message: its context's non-padding
     tokens, and its response's up to and including the first EOS (all M without one)."""
     context_tokens = (context != pad_id).sum(axis=1)
-    is_eos = response == eos_id
-    has_eos = is_eos.any(axis=1)
-    response_tokens = np.where(has_eos, is_eos.argmax(axis=1) + 1, response.shape[1])
-    return context_tokens.astype(np.int64), response_tokens.astype(np.int64)
+    return context_tokens.astype(np.int64), message_lengths(response, eos_id).astype(np.int64)
 
 
 def pack_rows(
@@ -49,7 +48,7 @@ def pack_rows(
     than a row."""
     context, response = np.asarray(context), np.asarray(response)
     n, m = response.shape
-    context_tokens, response_tokens = message_lengths(context, response, pad_id, eos_id)
+    context_tokens, response_tokens = token_counts(context, response, pad_id, eos_id)
     lengths = context_tokens + response_tokens
     if n and lengths.max() > row_length:
         raise ValueError(

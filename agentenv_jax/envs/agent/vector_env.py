@@ -73,12 +73,12 @@ from agentenv_jax.envs.import_path import import_object
 from agentenv_jax.envs.multi_agent.columns import ACTED
 from agentenv_jax.envs.spaces import EnvError, TextSpec
 from agentenv_jax.envs.text.dataset_tasks import DatasetRows
+from agentenv_jax.envs.text.padding import message_lengths
 from agentenv_jax.envs.text.tasks import require_int, require_known_kwargs, require_seconds
 from agentenv_jax.envs.text.vector_env import (
     FINISHED_TRANSCRIPTS,
     add_final_info,
     group_rngs,
-    message_lengths,
     require_text_sizes,
     set_token_spaces,
 )

@@ -9,6 +9,39 @@ from __future__ import annotations
 import numpy as np
 
 
+def message_lengths(actions: np.ndarray, eos_id: int) -> np.ndarray:
+    """`int32 [...]`: each message's tokens in `actions` `[..., M]` up to and including its
+    first EOS (all M without one)."""
+    is_eos = actions == eos_id
+    first = is_eos.argmax(axis=-1) + 1
+    return np.where(is_eos.any(axis=-1), first, actions.shape[-1]).astype(np.int32)
+
+
+def update_padding_fraction(
+    obs: np.ndarray, action: np.ndarray, valid: np.ndarray, pad_id: int, eos_id: int
+) -> float:
+    """The share of the tokens an update computes for `obs` `[T, B, L]` and `action`
+    `[T, B, M]` (every row at these lengths) that no valid message needs: contexts' left
+    padding, answers past their EOS, and the rows of steps that are not valid."""
+    computed = obs.shape[0] * obs.shape[1] * (obs.shape[2] + action.shape[2])
+    real = (obs != pad_id).sum(axis=-1) + message_lengths(action, eos_id)
+    return 1.0 - float((real * valid).sum()) / computed if computed else 0.0
+
+
+def generation_utilisation(
+    batches: list[tuple[np.ndarray, np.ndarray]], eos_id: int
+) -> tuple[int, int]:
+    """`(tokens needed, tokens computed)` by generation: each of `batches` is one env rank's
+    `(action [T, E, M], valid [T, E])`, every step of it one generation of E answers that
+    decodes until the longest of them ends; the tokens needed are the valid answers'."""
+    needed = computed = 0
+    for action, valid in batches:
+        lengths = message_lengths(action, eos_id)  # [T, E]
+        computed += int(lengths.max(axis=1).sum()) * action.shape[1]
+        needed += int((lengths * valid).sum())
+    return needed, computed
+
+
 def trimmed_lengths(
     obs: np.ndarray, action: np.ndarray, pad_id: int, bucket: int
 ) -> tuple[int, int]:

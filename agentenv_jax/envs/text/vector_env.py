@@ -12,6 +12,7 @@ import numpy as np
 
 from agentenv_jax.envs.multi_agent.columns import ACTED
 from agentenv_jax.envs.spaces import EnvError, TextSpec
+from agentenv_jax.envs.text.padding import message_lengths
 from agentenv_jax.envs.text.tasks import (
     Prompt,
     TaskReply,
@@ -64,14 +65,6 @@ def group_rngs(seed: int | None, num_envs: int, group_size: int) -> list[np.rand
     if seed is None:
         seed = int(np.random.SeedSequence().generate_state(1)[0])
     return [np.random.default_rng(seed + (i // group_size) * group_size) for i in range(num_envs)]
-
-
-def message_lengths(actions: np.ndarray, eos_id: int) -> np.ndarray:
-    """`int32 [E]`: each message's tokens up to and including its first EOS (all M without)."""
-    lengths = np.full(actions.shape[0], actions.shape[1], np.int32)
-    has_eos = (actions == eos_id).any(axis=1)
-    lengths[has_eos] = (actions[has_eos] == eos_id).argmax(axis=1) + 1
-    return lengths
 
 
 def add_final_info(
