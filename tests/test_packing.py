@@ -96,11 +96,10 @@ def _llama_with_lora(critic: str):
     return lm, params, (VOCAB, PAD, BOS, EOS)
 
 
+# Each family once, each critic once (a trunk's packed pass does not depend on which it is).
 MODELS = {
-    "scratch-shared": lambda: _scratch_model("shared"),
-    "scratch-separate": lambda: _scratch_model("separate"),
-    "llama-lora-shared": lambda: _llama_with_lora("shared"),
-    "llama-lora-separate": lambda: _llama_with_lora("separate"),
+    "scratch-separate-critic": lambda: _scratch_model("separate"),
+    "llama-lora-shared-critic": lambda: _llama_with_lora("shared"),
 }
 
 
