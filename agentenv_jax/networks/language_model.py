@@ -325,10 +325,8 @@ def _token_scores(
 
 def scoring_functions(
     apply: Callable[..., tuple[jax.Array, jax.Array]],
-    packed_apply: Callable[..., tuple[jax.Array, jax.Array]],
-) -> tuple[Callable[..., TokenScores], Callable[[Params, jax.Array, int], jax.Array], Callable]:
-    """A `LanguageModel`'s `score`, `context_value` and `packed_score`, from its `apply` and
-    `packed_apply` (any model family)."""
+) -> tuple[Callable[..., TokenScores], Callable[[Params, jax.Array, int], jax.Array]]:
+    """A `LanguageModel`'s `score` and `context_value`, from its `apply` (any model family)."""
 
     def score(
         params: Params, context: jax.Array, response: jax.Array, pad_id: int, eos_id: int
@@ -352,6 +350,14 @@ def scoring_functions(
         _, values = apply(params, context, context != pad_id, slice(-1, None))
         return values[:, -1]
 
+    return score, context_value
+
+
+def packed_scoring(
+    packed_apply: Callable[..., tuple[jax.Array, jax.Array]],
+) -> Callable[..., TokenScores]:
+    """A `LanguageModel`'s `packed_score`, from its `packed_apply` (any model family)."""
+
     def packed_score(
         params: Params, packed: PackedRows, response: jax.Array, pad_id: int, eos_id: int
     ) -> TokenScores:
@@ -363,7 +369,7 @@ def scoring_functions(
         )
         return _token_scores(logits, values, response, response_mask(response, eos_id), pad_id)
 
-    return score, context_value, packed_score
+    return packed_score
 
 
 # -- the forward pass ------------------------------------------------------------------------
@@ -585,7 +591,7 @@ def make_language_model(spec: LanguageModelSpec) -> LanguageModel:
         logits, value = _heads(spec, params, hidden)
         return KVCache(keys, values, key_mask), logits[:, 0], value[:, 0]
 
-    score, context_value, packed_score = scoring_functions(apply, packed_apply)
+    score, context_value = scoring_functions(apply)
     return LanguageModel(
         spec=spec,
         init=init,
@@ -597,5 +603,5 @@ def make_language_model(spec: LanguageModelSpec) -> LanguageModel:
         score=score,
         context_value=context_value,
         packed_apply=packed_apply,
-        packed_score=packed_score,
+        packed_score=packed_scoring(packed_apply),
     )

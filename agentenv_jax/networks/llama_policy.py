@@ -26,6 +26,7 @@ from agentenv_jax.networks.language_model import (
     LanguageModel,
     Params,
     decode_slots,
+    packed_scoring,
     prefilled,
     scoring_functions,
 )
@@ -256,7 +257,7 @@ def make_llama_policy(spec: LlamaPolicySpec) -> LanguageModel:
         logits, value = heads(params, hidden)
         return KVCache(keys, values, key_mask), logits[:, 0], value[:, 0]
 
-    score, context_value, packed_score = scoring_functions(apply, packed_apply)
+    score, context_value = scoring_functions(apply)
     return LanguageModel(
         spec=spec,
         init=init,
@@ -268,5 +269,5 @@ def make_llama_policy(spec: LlamaPolicySpec) -> LanguageModel:
         score=score,
         context_value=context_value,
         packed_apply=packed_apply,
-        packed_score=packed_score,
+        packed_score=packed_scoring(packed_apply),
     )
