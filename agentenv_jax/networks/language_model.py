@@ -353,6 +353,31 @@ def scoring_functions(
     return score, context_value
 
 
+def packed_application(
+    hidden_states: Callable[..., dict[str, jax.Array]],
+    heads: Callable[[Params, dict[str, jax.Array]], tuple[jax.Array, jax.Array]],
+    check_length: Callable[[int, str], None],
+) -> Callable[..., tuple[jax.Array, jax.Array]]:
+    """A `LanguageModel`'s `packed_apply` (any model family), from its trunks' final hidden
+    states `hidden_states(params, tokens, positions, allowed) -> {trunk: [B, T, d]}` and its
+    `heads(params, {trunk: hidden}) -> (logits, values)`."""
+
+    def packed_apply(
+        params: Params,
+        tokens: jax.Array,
+        segments: jax.Array,
+        rows: jax.Array,
+        columns: jax.Array,
+    ) -> tuple[jax.Array, jax.Array]:
+        check_length(tokens.shape[1], "a packed row")
+        positions, allowed = segment_positions(segments), segment_allowed(segments)
+        hidden = hidden_states(params, tokens, positions, allowed)
+        # The heads (a vocabulary-wide matmul) run only where response tokens are predicted.
+        return heads(params, {name: h[rows[:, None], columns] for name, h in hidden.items()})
+
+    return packed_apply
+
+
 def packed_scoring(
     packed_apply: Callable[..., tuple[jax.Array, jax.Array]],
 ) -> Callable[..., TokenScores]:
@@ -532,20 +557,19 @@ def make_language_model(spec: LanguageModelSpec) -> LanguageModel:
         logits, values, _ = forward(params, tokens, mask, read)
         return logits, values
 
-    def packed_apply(
-        params: Params,
-        tokens: jax.Array,
-        segments: jax.Array,
-        rows: jax.Array,
-        columns: jax.Array,
-    ) -> tuple[jax.Array, jax.Array]:
-        _check_length(spec, tokens.shape[1], "a packed row")
-        positions, allowed = segment_positions(segments), segment_allowed(segments)
-        hidden = {}
-        for name in spec.trunks:
-            states, _, _ = _run_trunk(spec, params[name], tokens, positions, allowed)
-            hidden[name] = states[rows[:, None], columns]
-        return _heads(spec, params, hidden)
+    def hidden_states(
+        params: Params, tokens: jax.Array, positions: jax.Array, allowed: jax.Array
+    ) -> dict[str, jax.Array]:
+        return {
+            name: _run_trunk(spec, params[name], tokens, positions, allowed)[0]
+            for name in spec.trunks
+        }
+
+    packed_apply = packed_application(
+        hidden_states,
+        lambda params, hidden: _heads(spec, params, hidden),
+        lambda length, what: _check_length(spec, length, what),
+    )
 
     def init_cache(batch: int, length: int) -> KVCache:
         """An empty cache for `batch` rows of up to `length` tokens (context + response)."""

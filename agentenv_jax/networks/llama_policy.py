@@ -26,6 +26,7 @@ from agentenv_jax.networks.language_model import (
     LanguageModel,
     Params,
     decode_slots,
+    packed_application,
     packed_scoring,
     prefilled,
     scoring_functions,
@@ -40,7 +41,6 @@ from agentenv_jax.networks.llama import (
     run_layers,
 )
 from agentenv_jax.networks.lora import ADAPTERS, LoRASpec, adapted, adapter_shapes, init_adapters
-from agentenv_jax.networks.packing import segment_allowed, segment_positions
 
 _INIT_STD = 0.02  # of random weight matrices, as the family's configs' initializer_range
 _DTYPES = ("float32", "bfloat16")
@@ -205,17 +205,7 @@ def make_llama_policy(spec: LlamaPolicySpec) -> LanguageModel:
         logits, values, _ = forward(params, tokens, mask, read)
         return logits, values
 
-    def packed_apply(
-        params: Params,
-        tokens: jax.Array,
-        segments: jax.Array,
-        rows: jax.Array,
-        columns: jax.Array,
-    ) -> tuple[jax.Array, jax.Array]:
-        check_length(tokens.shape[1], "a packed row")
-        positions, allowed = segment_positions(segments), segment_allowed(segments)
-        hidden, _ = run_trunks(params, tokens, positions, allowed)
-        return heads(params, {name: h[rows[:, None], columns] for name, h in hidden.items()})
+    packed_apply = packed_application(lambda *args: run_trunks(*args)[0], heads, check_length)
 
     def init_cache(batch: int, length: int) -> KVCache:
         check_length(length, "a KV cache")
