@@ -158,3 +158,80 @@ def test_packed_scores_losses_and_gradients_equal_the_padded_batchs(model):
             err_msg=jax.tree_util.keystr(path),
         )
     assert max(float(np.abs(value).max()) for _, value in leaves) > 1e-3
+
+
+def test_a_packed_update_takes_the_padded_updates_steps():
+    """Two epochs of two minibatches over 2 x 4 messages (one of them a padding step, which
+    packing leaves out): the update on packed minibatches moves the parameters as the update
+    on the same minibatches padded does, and packs each into fewer rows than it has messages."""
+    import optax
+
+    from agentenv_jax.algorithms.token_ppo import TokenTrainState, make_token_ppo_update
+    from agentenv_jax.envs.text.padding import message_lengths
+    from agentenv_jax.networks.packing import packed_minibatches
+
+    lm, params, (vocab, pad, bos, eos) = _scratch_model("shared")
+    context, response = mixed_messages(vocab, pad, bos, eos, rows=8)
+    t, b = 2, 4
+    scores = lm.score(params, context, response, pad, eos)
+    valid = np.ones((t, b), np.float32)
+    valid[1, 2] = 0.0
+    rollout = {
+        "obs": context.reshape(t, b, CONTEXT),
+        "action": response.reshape(t, b, RESPONSE),
+        "log_prob": np.asarray(scores.log_probs).reshape(t, b, RESPONSE),
+        "value": np.zeros((t, b, RESPONSE), np.float32),
+        "reward": np.array([[1.0, 0.0, 0.5, 0.0], [0.0, 1.0, 0.0, 1.0]], np.float32),
+        "terminated": np.ones((t, b), bool),
+        "truncated": np.zeros((t, b), bool),
+        "valid": valid,
+        "bootstrap_value": np.zeros((t, b), np.float32),
+        "last_value": np.zeros((b,), np.float32),
+        "response_tokens": message_lengths(response, eos).reshape(t, b),
+    }
+    hp = hyperparams(num_epochs=2, num_minibatches=2, kl_coef=0.05, ent_coef=0.01)
+
+    def score(p, obs, action):
+        return tuple(lm.score(p, obs, action, pad, eos))
+
+    traced = []  # the packed rows' shapes the packed update's steps were compiled for
+
+    def packed_score(p, packed, action):
+        traced.append(packed.tokens.shape)
+        return tuple(lm.packed_score(p, packed, action, pad, eos))
+
+    optimizer = optax.sgd(0.05)  # Adam would magnify float noise in gradients near 0
+    update = jax.jit(make_token_ppo_update(score, optimizer, hp, packed_score_fn=packed_score))
+    plan = packed_minibatches(
+        context,
+        response,
+        valid.reshape(-1) > 0,
+        pad,
+        eos,
+        CONTEXT + RESPONSE,
+        2,
+        2,
+        np.random.default_rng(0),
+        row_bucket=1,
+    )
+    assert plan["packed_tokens"].shape[2] < 4  # rows per minibatch of 4 messages
+
+    def state():
+        copy = jax.tree.map(jnp.asarray, params)
+        return TokenTrainState(copy, copy, optimizer.init(copy), jnp.int32(0), jax.random.key(0))
+
+    orders = {"minibatch_orders": plan["minibatch_orders"]}
+    padded, padded_metrics = update(state(), rollout | orders)
+    assert not traced
+    packed, packed_metrics = update(state(), rollout | plan)
+    assert traced and set(traced) == {plan["packed_tokens"].shape[2:]}
+    for name in ("loss/total", "loss/policy", "loss/kl", "approx_kl"):
+        assert float(packed_metrics[name]) == pytest.approx(float(padded_metrics[name]), abs=1e-5)
+    moved = jax.tree.map(lambda a, b: float(jnp.abs(a - b).max()), padded.params, params)
+    assert max(jax.tree_util.tree_leaves(moved)) > 1e-3
+    for a, b in zip(
+        jax.tree_util.tree_leaves(packed.params),
+        jax.tree_util.tree_leaves(padded.params),
+        strict=True,
+    ):
+        np.testing.assert_allclose(a, b, atol=2e-5)

@@ -501,6 +501,17 @@ def test_central_inference_acts_as_the_env_ranks_own_cnn_policy_would(run_dir):
             "num_heads = 5 must divide d_model = 64",
         ),
         (
+            "arithmetic_ppo",
+            ["algorithm.packed_row_length=9"],
+            "algorithm.packed_row_length = 9: a packed row must hold the longest message, "
+            "context_length + response_length = 10 tokens; allowed: 0 (off) or an integer >= 10",
+        ),
+        (
+            "cartpole_ppo",
+            ["algorithm.packed_row_length=64"],
+            "algorithm.packed_row_length: for text envs (token-level PPO)",
+        ),
+        (
             "pendulum_sac",
             ["topology.inference=learner"],
             "topology.inference = 'learner' is not allowed: expected 'env_ranks' with "
@@ -520,6 +531,31 @@ def test_bad_text_settings_are_one_start_up_error(experiment, overrides, message
     )
     assert proc.returncode != 0
     assert message in proc.stderr, proc.stderr[-3000:]
+    assert "Traceback" not in proc.stderr
+
+
+@pytest.mark.slow
+def test_packing_on_a_learner_of_two_devices_is_one_start_up_error(run_dir):
+    proc = run_command(
+        agentenv_command(
+            "train",
+            "arithmetic_ppo",
+            *settings(
+                f"run.run_dir={run_dir}",
+                "run.progress=false",
+                "algorithm.packed_row_length=20",
+                "topology.learner_devices=2",
+            ),
+        ),
+        timeout=120,
+        cwd=REPO,
+        extra_env={"XLA_FLAGS": "--xla_force_host_platform_device_count=2"},
+    )
+    assert proc.returncode != 0
+    assert (
+        "algorithm.packed_row_length = 20: packed minibatches run on one learner device, and "
+        "this learner's mesh has 2" in proc.stderr
+    ), proc.stderr[-3000:]
     assert "Traceback" not in proc.stderr
 
 

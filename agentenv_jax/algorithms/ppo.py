@@ -296,22 +296,28 @@ def minibatch_epochs(
     clip_eps: jax.Array,
     constrain_rows: Callable[[jax.Array], jax.Array],
     unroll: bool = False,
+    orders: jax.Array | None = None,
+    per_step: Batch | None = None,
 ) -> tuple[Params, optax.OptState, dict[str, jax.Array]]:
     """`num_epochs` passes over the rows of `flat` (arrays `[N, ...]`), each in
     `num_minibatches` shuffled minibatches, one gradient step each: `grad_fn(params, mb,
     clip_eps) -> (grads, metrics)`. Returns the parameters, optimizer state and every step's
     metrics (with `grad_norm`), stacked `[num_epochs, num_minibatches]`. PPO's and token-level
     PPO's updates share it; `constrain_rows` pins each minibatch's rows to the mesh; `unroll`
-    writes the steps out instead of looping over them (`PPOHyperparams.unroll`)."""
+    writes the steps out instead of looping over them (`PPOHyperparams.unroll`).
+
+    `orders` `int [num_epochs, num_minibatches, n]` gives each minibatch's rows instead of a
+    shuffle from `key`; `per_step` holds arrays `[num_epochs, num_minibatches, ...]` that each
+    step's minibatch gets as they are (a packed update's rows: `networks.packing`)."""
     num_rows = next(iter(flat.values())).shape[0]
     minibatch_size = num_rows // num_minibatches
 
-    def epoch(carry, key):
-        order = jax.random.permutation(key, num_rows)[: minibatch_size * num_minibatches]
-        minibatches = {
-            k: v[order].reshape((num_minibatches, minibatch_size) + v.shape[1:])
-            for k, v in flat.items()
-        }
+    def epoch(carry, xs):
+        key, order, given = xs
+        if order is None:
+            order = jax.random.permutation(key, num_rows)[: minibatch_size * num_minibatches]
+            order = order.reshape(num_minibatches, minibatch_size)
+        minibatches = {k: v[order] for k, v in flat.items()} | (given or {})
 
         def step(carry, mb):
             params, opt_state = carry
@@ -325,7 +331,7 @@ def minibatch_epochs(
         return jax.lax.scan(step, carry, minibatches, unroll=unroll)
 
     (params, opt_state), metrics = jax.lax.scan(
-        epoch, carry, jax.random.split(key, num_epochs), unroll=unroll
+        epoch, carry, (jax.random.split(key, num_epochs), orders, per_step), unroll=unroll
     )
     return params, opt_state, metrics
 

@@ -33,11 +33,16 @@ from agentenv_jax.algorithms.ppo import (
     standardize,
     value_loss,
 )
+from agentenv_jax.networks.packing import PACKED_FIELDS, PackedRows
 
 # `score(params, context [N, L], response [N, M]) -> (log_probs, values, entropy, mask)`, each
 # `[N, M]`: the policy's view of a generated response (`networks.language_model`).
 ScoreFn = Callable[
     [Params, jax.Array, jax.Array], tuple[jax.Array, jax.Array, jax.Array, jax.Array]
+]
+# The same of messages packed into rows: `(params, PackedRows, response [N, M])`.
+PackedScoreFn = Callable[
+    [Params, PackedRows, jax.Array], tuple[jax.Array, jax.Array, jax.Array, jax.Array]
 ]
 
 
@@ -378,16 +383,27 @@ def truncated_importance_weight(
 
 
 def make_token_ppo_loss(
-    score_fn: ScoreFn, hp: TokenPPOHyperparams
+    score_fn: ScoreFn, hp: TokenPPOHyperparams, packed_score_fn: PackedScoreFn | None = None
 ) -> Callable[[Params, Batch, jax.Array], tuple[jax.Array, dict[str, jax.Array]]]:
     """The loss of one minibatch of messages: `obs [N, L]`, `action [N, M]`, `log_prob` (of
     the proximal policy), `value`, `ref_log_prob`, `advantage`, `return`, `mask` (all `[N, M]`)
-    and, with `importance_weight_cap`, `importance_weight` (`[N, M]`, truncated)."""
+    and, with `importance_weight_cap`, `importance_weight` (`[N, M]`, truncated). A minibatch
+    that holds its messages packed (`packed_tokens`, `packed_segments`, `packed_rows`,
+    `packed_columns`: `networks.packing`) is scored by `packed_score_fn(params, PackedRows,
+    action)`, which computes none of its padding."""
 
     clip_high = hp.clip_eps if hp.clip_eps_high is None else hp.clip_eps_high
 
+    def scores(params: Params, mb: Batch) -> tuple[jax.Array, ...]:
+        if "packed_tokens" not in mb:
+            return score_fn(params, mb["obs"], mb["action"])
+        packed = PackedRows(
+            mb["packed_tokens"], mb["packed_segments"], mb["packed_rows"], mb["packed_columns"]
+        )
+        return packed_score_fn(params, packed, mb["action"])
+
     def loss_fn(params: Params, mb: Batch, clip_eps: jax.Array):
-        log_probs, values, entropy, _ = score_fn(params, mb["obs"], mb["action"])
+        log_probs, values, entropy, _ = scores(params, mb)
         mask = mb["mask"]
         # Against the proximal policy: the sampler's, or the update's starting one where the
         # samples are stale (then `importance_weight` corrects for the sampler).
@@ -435,6 +451,7 @@ def make_token_ppo_update(
     hp: TokenPPOHyperparams,
     constrain_rows: Callable[[jax.Array], jax.Array] = lambda x: x,
     finetuning: Finetuning = Finetuning(),
+    packed_score_fn: PackedScoreFn | None = None,
 ) -> Callable[[TokenTrainState, Batch], tuple[TokenTrainState, dict[str, jax.Array]]]:
     """Return `update(state, rollout) -> (state, metrics)`, one token-level PPO update.
 
@@ -444,8 +461,12 @@ def make_token_ppo_update(
     drawn over messages; `constrain_rows` pins arrays whose leading axis is the message axis.
     `finetuning` says which parameters are trained (the optimizer holds state for those
     alone) and which are the reference policy's.
+
+    A rollout with `minibatch_orders` and its minibatches packed (`networks.packing.
+    packed_minibatches`) trains on those minibatches, scored by `packed_score_fn` without
+    their padding: the same gradient steps as the padded minibatches of the same orders.
     """
-    loss_fn = make_token_ppo_loss(score_fn, hp)
+    loss_fn = make_token_ppo_loss(score_fn, hp, packed_score_fn)
 
     def update(state: TokenTrainState, rollout: Batch) -> tuple[TokenTrainState, Any]:
         t, b = rollout["reward"].shape
@@ -520,6 +541,7 @@ def make_token_ppo_update(
         def part_loss(part: Params, mb: Batch, clip_eps: jax.Array):
             return loss_fn(finetuning.merge(state.params, part), mb, clip_eps)
 
+        packed = {name: rollout[name] for name in PACKED_FIELDS[1:] if name in rollout}
         part, opt_state, metrics = minibatch_epochs(
             jax.grad(part_loss, has_aux=True),
             optimizer,
@@ -530,6 +552,8 @@ def make_token_ppo_update(
             hp.num_minibatches,
             jnp.float32(hp.clip_eps),
             constrain_rows,
+            orders=rollout.get("minibatch_orders"),
+            per_step=packed or None,
         )
         metrics = jax.tree.map(jnp.mean, metrics) | correction
         tokens = jnp.sum(mask)

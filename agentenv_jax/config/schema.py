@@ -285,6 +285,10 @@ class PPOConfig:
     # answer) are cut, the lengths kept to multiples of length_bucket (each new length
     # compiles generation or the update once).
     length_bucket: int = 0  # text envs: tokens (0: the configured lengths)
+    # Sequence packing: each minibatch's messages laid end to end in rows of this many tokens,
+    # no padding computed in the gradient steps; at least the env's context + response length
+    # (one learner device; each new number of rows compiles the update once).
+    packed_row_length: int = 0  # text envs: tokens (0: padded minibatches)
 
     def validate(self, prefix: str) -> None:
         checks = [
@@ -294,6 +298,7 @@ class PPOConfig:
             ("max_policy_lag", self.max_policy_lag >= 0, "an integer >= 0"),
             ("importance_weight_cap", self.importance_weight_cap >= 1.0, "a number >= 1"),
             ("length_bucket", self.length_bucket >= 0, "an integer >= 0 (0: no trimming)"),
+            ("packed_row_length", self.packed_row_length >= 0, "an integer >= 0 (0: off)"),
             ("refill_rounds", self.refill_rounds >= 0, "an integer >= 0 (0: no refill)"),
             ("group_size", self.group_size >= 1, "an integer >= 1"),
             ("rollout_length", self.rollout_length >= 1, "an integer >= 1"),
@@ -359,6 +364,7 @@ class PPOConfig:
             "max_policy_lag",
             "importance_weight_cap",
             "length_bucket",
+            "packed_row_length",
         ]
         return [name for name in names if getattr(self, name) != getattr(default, name)]
 

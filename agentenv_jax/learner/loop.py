@@ -22,6 +22,7 @@ from agentenv_jax.algorithms.ppo import (
 )
 from agentenv_jax.buffers.frame_stacks import restacked_rollout, stacked_obs_field
 from agentenv_jax.buffers.segment_queue import ACTOR_TIMERS, segment_counts
+from agentenv_jax.config.errors import ConfigError
 from agentenv_jax.config.schema import ExperimentConfig
 from agentenv_jax.envs import normalization as norm
 from agentenv_jax.envs.factory import EnvSpaces
@@ -51,6 +52,7 @@ from agentenv_jax.metrics.logger import (
 from agentenv_jax.metrics.process_usage import env_rank_usage
 from agentenv_jax.metrics.text import TextCounters
 from agentenv_jax.networks.flat_params import FlatLayout
+from agentenv_jax.networks.packing import PACKED_FIELDS, packed_minibatches
 from agentenv_jax.parallel.mesh import (
     env_axis_sharding,
     make_mesh,
@@ -135,12 +137,14 @@ def rollout_shapes(segment_specs: list[MessageSpec]) -> dict[str, jax.ShapeDtype
     }
 
 
-def rollout_shardings(mesh: Mesh, text: bool = False) -> dict[str, Any]:
+def rollout_shardings(mesh: Mesh, text: bool = False, packed: bool = False) -> dict[str, Any]:
     """Each rollout field's sharding (a text env's with `text`): the env axis split over the
-    mesh."""
-    return {name: env_axis_sharding(mesh, 2) for name in rollout_fields(text)} | {
-        name: env_axis_sharding(mesh, 1) for name in ROLLOUT_LAST_FIELDS
-    }
+    mesh; a packed update's minibatches (`packed`: one device) replicated."""
+    return (
+        {name: env_axis_sharding(mesh, 2) for name in rollout_fields(text)}
+        | {name: env_axis_sharding(mesh, 1) for name in ROLLOUT_LAST_FIELDS}
+        | {name: replicated(mesh) for name in (PACKED_FIELDS if packed else ())}
+    )
 
 
 def jit_sharded_update(
@@ -149,6 +153,7 @@ def jit_sharded_update(
     state_sharding: Any = None,
     data_axis: str | None = None,
     text: bool = False,
+    packed: bool = False,
 ) -> Callable:
     """Jit `update(state, rollout)` with the rollout's env axis sharded over `mesh` and the
     train state as `state_sharding` (`state_shardings`; replicated by default); the state
@@ -170,7 +175,7 @@ def jit_sharded_update(
         )
     return jax.jit(
         update,
-        in_shardings=(state_sharding, rollout_shardings(mesh, text)),
+        in_shardings=(state_sharding, rollout_shardings(mesh, text, packed)),
         out_shardings=(state_sharding, replicated(mesh)),
         donate_argnums=(0,),
     )
@@ -237,8 +242,24 @@ class Learner:
         )
         check_model_axis_divides(abstract_state.params, config.topology.model_axis)
         self._state_sharding = state_shardings(self.mesh, abstract_state)
+        # Sequence packing (`algorithm.packed_row_length`): minibatches chosen and packed here.
+        self._packed_row_length = (
+            getattr(config.algorithm, "packed_row_length", 0) if spaces.text else 0
+        )
+        if self._packed_row_length and (self.mesh.devices.size > 1 or spans_processes(self.mesh)):
+            raise ConfigError(
+                f"algorithm.packed_row_length = {self._packed_row_length}: packed minibatches "
+                f"run on one learner device, and this learner's mesh has "
+                f"{self.mesh.devices.size}; set topology.learner_devices = 1 (one learner), or "
+                "packed_row_length = 0"
+            )
         jitted_update = jit_sharded_update(
-            model.update, self.mesh, self._state_sharding, data_axis, spaces.text is not None
+            model.update,
+            self.mesh,
+            self._state_sharding,
+            data_axis,
+            spaces.text is not None,
+            bool(self._packed_row_length),
         )
         # Text updates trimmed of padding (`algorithm.length_bucket`) take the shapes each
         # round's messages need, compiled as they first occur; the rest have one shape, which
@@ -252,7 +273,7 @@ class Learner:
         )
         self._update = (
             jitted_update
-            if self._length_bucket
+            if self._length_bucket or self._packed_row_length
             else CompiledAhead(
                 jitted_update,
                 abstract_state,
@@ -459,6 +480,8 @@ class Learner:
                 "trained_context_length": context_length,
                 "trained_response_length": response_length,
             }
+        if self._packed_row_length:
+            rollout |= self._packed_minibatches(rollout)
         if self.text is not None:
             trained_columns |= self._padding_measures(rounds, rollout)
         if self._global_batch:
@@ -573,6 +596,24 @@ class Learner:
         since, self._computed_s = computed - self._computed_s, computed
         return {"time/learner_generate_s": since}
 
+    def _packed_minibatches(self, rollout: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """This update's minibatches, each packed into rows of `packed_row_length` tokens
+        (`networks.packing.packed_minibatches`); the order drawn from the run's seed and the
+        update's number, so a resumed run draws what it would have."""
+        algo = self.config.algorithm
+        rows = lambda x: x.reshape((-1,) + x.shape[2:])  # noqa: E731  as the update flattens
+        return packed_minibatches(
+            rows(rollout["obs"]),
+            rows(rollout["action"]),
+            rows(rollout["valid"]) > 0,
+            self._pad_id,
+            self._eos_id,
+            self._packed_row_length,
+            algo.num_epochs,
+            algo.num_minibatches,
+            np.random.default_rng([self.config.run.seed, self.updates]),
+        )
+
     def _padding_measures(
         self, rounds: list[dict[str, np.ndarray]], rollout: dict[str, np.ndarray]
     ) -> dict[str, float]:
@@ -587,12 +628,16 @@ class Learner:
             ],
             self._eos_id,
         )
-        return {
+        measures = {
             "generation_utilisation": needed / computed if computed else 1.0,
             "update_padding_fraction": update_padding_fraction(
                 rollout["obs"], rollout["action"], rollout["valid"], self._pad_id, self._eos_id
             ),
         }
+        if "packed_segments" in rollout:  # the gradient steps' rows, packed
+            segments = rollout["packed_segments"]
+            measures["packed_padding_fraction"] = 1.0 - np.count_nonzero(segments) / segments.size
+        return measures
 
     def _trimmed_lengths(self, rollout: dict[str, np.ndarray]) -> tuple[int, int]:
         """The lengths this round's messages need; with several learner processes the longest

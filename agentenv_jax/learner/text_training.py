@@ -96,6 +96,9 @@ def language_model_training(
     def score(params: Any, context: jax.Array, response: jax.Array):
         return tuple(lm.score(params, context, response, text.pad_id, text.eos_id))
 
+    def packed_score(params: Any, packed: Any, response: jax.Array):
+        return tuple(lm.packed_score(params, packed, response, text.pad_id, text.eos_id))
+
     finetuning = finetuning_of(lm_config)
     update = make_token_ppo_update(
         score,
@@ -103,6 +106,7 @@ def language_model_training(
         token_ppo_hyperparams(algo, text),
         constrain_rows,
         finetuning,
+        packed_score,
     )
 
     def train_state(params: Any, key: jax.Array) -> TokenTrainState:

@@ -41,15 +41,23 @@ def token_counts(context: np.ndarray, response: np.ndarray, pad_id: int, eos_id:
 
 
 def pack_rows(
-    context: np.ndarray, response: np.ndarray, pad_id: int, eos_id: int, row_length: int
+    context: np.ndarray,
+    response: np.ndarray,
+    pad_id: int,
+    eos_id: int,
+    row_length: int,
+    keep: np.ndarray | None = None,
 ) -> PackedRows:
     """Pack the messages of `context` `[N, L]` (left-padded) and `response` `[N, M]` into rows
-    of `row_length` tokens, first fit by decreasing length. `ValueError` if a message is longer
+    of `row_length` tokens, first fit by decreasing length. With `keep` `bool [N]`, only those
+    messages are placed; the others' `rows` and `columns` are 0 (read, never placed: their
+    scores are meaningless, for a loss that masks them). `ValueError` if a message is longer
     than a row."""
     context, response = np.asarray(context), np.asarray(response)
     n, m = response.shape
+    keep = np.ones(n, bool) if keep is None else np.asarray(keep, bool)
     context_tokens, response_tokens = token_counts(context, response, pad_id, eos_id)
-    lengths = context_tokens + response_tokens
+    lengths = np.where(keep, context_tokens + response_tokens, 0)
     if n and lengths.max() > row_length:
         raise ValueError(
             f"a message of {int(lengths.max())} tokens does not fit a packed row of {row_length}"
@@ -57,6 +65,8 @@ def pack_rows(
     free: list[int] = []  # tokens left in each row
     placed = np.zeros((n, 2), np.int64)  # (row, start column)
     for i in np.argsort(-lengths, kind="stable"):
+        if not keep[i]:
+            continue
         row = next((r for r, left in enumerate(free) if left >= lengths[i]), len(free))
         if row == len(free):
             free.append(row_length)
@@ -66,7 +76,7 @@ def pack_rows(
     segments = np.zeros((len(free), row_length), np.int32)
     columns = np.zeros((n, m), np.int32)
     numbers = np.zeros(len(free), np.int32)
-    for i in range(n):
+    for i in np.flatnonzero(keep):
         row, start = placed[i]
         c, r = context_tokens[i], response_tokens[i]
         tokens[row, start : start + c] = context[i, context.shape[1] - c :]
@@ -76,6 +86,61 @@ def pack_rows(
         # Response token j is predicted by the output at the token before it.
         columns[i] = np.minimum(start + c - 1 + np.arange(m), row_length - 1)
     return PackedRows(tokens, segments, placed[:, 0].astype(np.int32), columns)
+
+
+# The arrays a packed update adds to its rollout (`packed_minibatches`).
+PACKED_FIELDS = (
+    "minibatch_orders",
+    "packed_tokens",
+    "packed_segments",
+    "packed_rows",
+    "packed_columns",
+)
+
+
+def packed_minibatches(
+    context: np.ndarray,
+    response: np.ndarray,
+    keep: np.ndarray,
+    pad_id: int,
+    eos_id: int,
+    row_length: int,
+    num_epochs: int,
+    num_minibatches: int,
+    rng: np.random.Generator,
+    row_bucket: int = 4,
+) -> dict[str, np.ndarray]:
+    """An update's minibatches over the messages `context` `[N, L]` and `response` `[N, M]`,
+    each packed (`pack_rows`, the messages `keep` marks): `minibatch_orders` `int32 [E, K, n]`
+    (each epoch a permutation, cut into K minibatches of n = N // K messages), and per
+    minibatch `packed_tokens` / `packed_segments` `[E, K, R, P]`, `packed_rows` `[E, K, n]`
+    and `packed_columns` `[E, K, n, M]`, where R is the most rows a minibatch needs, rounded
+    up to a multiple of `row_bucket` (each new R compiles the update once)."""
+    total = len(context)
+    size = total // num_minibatches
+    orders = np.stack(
+        [
+            rng.permutation(total)[: size * num_minibatches].reshape(num_minibatches, size)
+            for _ in range(num_epochs)
+        ]
+    ).astype(np.int32)
+    plans = [
+        [pack_rows(context[o], response[o], pad_id, eos_id, row_length, keep[o]) for o in epoch]
+        for epoch in orders
+    ]
+    most = max(plan.tokens.shape[0] for epoch in plans for plan in epoch)
+    rows = -(-max(most, 1) // row_bucket) * row_bucket
+
+    def padded(x: np.ndarray, fill: int) -> np.ndarray:
+        return np.pad(x, ((0, rows - x.shape[0]), (0, 0)), constant_values=fill)
+
+    return {
+        "minibatch_orders": orders,
+        "packed_tokens": np.array([[padded(p.tokens, pad_id) for p in e] for e in plans]),
+        "packed_segments": np.array([[padded(p.segments, 0) for p in e] for e in plans]),
+        "packed_rows": np.array([[p.rows for p in e] for e in plans]),
+        "packed_columns": np.array([[p.columns for p in e] for e in plans]),
+    }
 
 
 def segment_positions(segments: jax.Array) -> jax.Array:

@@ -114,6 +114,13 @@ def check_text_settings(config: ExperimentConfig, spaces: EnvSpaces) -> None:
             f"env.id = {env_id!r} observes token ids: env.normalize_obs = true is not allowed "
             "(set it false)"
         )
+    message = spaces.text.context_length + spaces.text.response_length
+    if 0 < algo.packed_row_length < message:
+        raise EnvError(
+            f"algorithm.packed_row_length = {algo.packed_row_length}: a packed row must hold "
+            f"the longest message, context_length + response_length = {message} tokens; "
+            f"allowed: 0 (off) or an integer >= {message}"
+        )
 
 
 def check_frozen_opponent(config: ExperimentConfig, vector_env: Any) -> None:
