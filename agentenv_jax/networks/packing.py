@@ -108,14 +108,15 @@ def packed_minibatches(
     num_epochs: int,
     num_minibatches: int,
     rng: np.random.Generator,
-    row_bucket: int = 4,
+    row_bucket: int | None = None,
 ) -> dict[str, np.ndarray]:
     """An update's minibatches over the messages `context` `[N, L]` and `response` `[N, M]`,
     each packed (`pack_rows`, the messages `keep` marks): `minibatch_orders` `int32 [E, K, n]`
     (each epoch a permutation, cut into K minibatches of n = N // K messages), and per
     minibatch `packed_tokens` / `packed_segments` `[E, K, R, P]`, `packed_rows` `[E, K, n]`
     and `packed_columns` `[E, K, n, M]`, where R is the most rows a minibatch needs, rounded
-    up to a multiple of `row_bucket` (each new R compiles the update once)."""
+    up to a multiple of `row_bucket` (default: an eighth of n, so that R takes at most 8
+    values over a run: each new R compiles the update once)."""
     total = len(context)
     size = total // num_minibatches
     orders = np.stack(
@@ -129,7 +130,8 @@ def packed_minibatches(
         for epoch in orders
     ]
     most = max(plan.tokens.shape[0] for epoch in plans for plan in epoch)
-    rows = -(-max(most, 1) // row_bucket) * row_bucket
+    bucket = max(size // 8, 1) if row_bucket is None else row_bucket
+    rows = -(-max(most, 1) // bucket) * bucket
 
     def padded(x: np.ndarray, fill: int) -> np.ndarray:
         return np.pad(x, ((0, rows - x.shape[0]), (0, 0)), constant_values=fill)
