@@ -20,6 +20,8 @@
 #    in full and with LoRA (tokens trained per second), and a ~1 B Llama's peak memory per
 #    device in full fine-tuning, with LoRA, and with bfloat16 + remat + LoRA (compiled and run
 #    on random weights).
+# 5. benchmarks/packed_update.py: the update on packed minibatches against padded ones
+#    (RESULTS_DIR/packed_update.json).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 results=${1:-gpu_check}
@@ -98,5 +100,10 @@ pretrained() {
 }
 pretrained throughput --model smollm2 --warmup 2 --updates 5
 pretrained memory --model llama-1b --run
+# Sequence packing: token-PPO's update on packed against padded minibatches of long-tailed
+# messages (SmolLM2 with LoRA, contexts of 40-256 tokens, answers of 4-48).
+echo "== packed_update.py"
+timeout 300 "$python" benchmarks/packed_update.py --updates 3 --messages 128 \
+    --json "$results/packed_update.json"
 rm -f "$results/last.txt"
 echo "== results in $results/results.jsonl"
