@@ -33,7 +33,7 @@ from agentenv_jax.algorithms.ppo import (
     standardize,
     value_loss,
 )
-from agentenv_jax.networks.packing import PACKED_FIELDS, PackedRows
+from agentenv_jax.networks.packing import PACKED_ROW_FIELDS, PackedRows
 
 # `score(params, context [N, L], response [N, M]) -> (log_probs, values, entropy, mask)`, each
 # `[N, M]`: the policy's view of a generated response (`networks.language_model`).
@@ -395,11 +395,9 @@ def make_token_ppo_loss(
     clip_high = hp.clip_eps if hp.clip_eps_high is None else hp.clip_eps_high
 
     def scores(params: Params, mb: Batch) -> tuple[jax.Array, ...]:
-        if "packed_tokens" not in mb:
+        if PACKED_ROW_FIELDS[0] not in mb:
             return score_fn(params, mb["obs"], mb["action"])
-        packed = PackedRows(
-            mb["packed_tokens"], mb["packed_segments"], mb["packed_rows"], mb["packed_columns"]
-        )
+        packed = PackedRows(*(mb[name] for name in PACKED_ROW_FIELDS))
         return packed_score_fn(params, packed, mb["action"])
 
     def loss_fn(params: Params, mb: Batch, clip_eps: jax.Array):
@@ -541,7 +539,7 @@ def make_token_ppo_update(
         def part_loss(part: Params, mb: Batch, clip_eps: jax.Array):
             return loss_fn(finetuning.merge(state.params, part), mb, clip_eps)
 
-        packed = {name: rollout[name] for name in PACKED_FIELDS[1:] if name in rollout}
+        packed = {name: rollout[name] for name in PACKED_ROW_FIELDS if name in rollout}
         part, opt_state, metrics = minibatch_epochs(
             jax.grad(part_loss, has_aux=True),
             optimizer,

@@ -88,14 +88,10 @@ def pack_rows(
     return PackedRows(tokens, segments, placed[:, 0].astype(np.int32), columns)
 
 
-# The arrays a packed update adds to its rollout (`packed_minibatches`).
-PACKED_FIELDS = (
-    "minibatch_orders",
-    "packed_tokens",
-    "packed_segments",
-    "packed_rows",
-    "packed_columns",
-)
+# The arrays a packed update adds to its rollout (`packed_minibatches`): each minibatch's
+# messages, and its `PackedRows`, field by field in their order.
+PACKED_ROW_FIELDS = ("packed_tokens", "packed_segments", "packed_rows", "packed_columns")
+PACKED_FIELDS = ("minibatch_orders", *PACKED_ROW_FIELDS)
 
 
 def packed_minibatches(

@@ -382,6 +382,7 @@ class CutCompletion:
     ids: tuple[int, ...]  # the ids handed back, and trained
     text: str  # the response's text: a stop string and what follows it left out
     finish_reason: str  # `stop` (EOS or a stop string) or `length`
+    ids_text: str  # the text of every id handed back, a stop string included
 
 
 def cut_completion(
@@ -402,9 +403,9 @@ def cut_completion(
             text = decode(ids[:k])
             found = [at for at in (text.find(s) for s in stop) if at >= 0]
             if found:
-                return CutCompletion(tuple(ids[:k]), text[: min(found)], "stop")
+                return CutCompletion(tuple(ids[:k]), text[: min(found)], "stop", text)
     ended = bool(ids) and ids[-1] == eos_id
-    return CutCompletion(tuple(ids), whole, "stop" if ended else "length")
+    return CutCompletion(tuple(ids), whole, "stop" if ended else "length", whole)
 
 
 def text_completion(

@@ -485,10 +485,7 @@ class AgentVectorEnv(gym.vector.VectorEnv):
         # The text of every id handed back, a stop string too: a next prompt that extends it
         # extends the ids; one whose history lacks the stop string starts a new sequence.
         run.previous = AnsweredCall(
-            call.prompt_text,
-            tuple(call.prompt_ids.tolist()),
-            completion.ids,
-            self.tokenizer.decode(np.asarray(completion.ids, np.int64)),
+            call.prompt_text, tuple(call.prompt_ids.tolist()), completion.ids, completion.ids_text
         )
         return response
 
