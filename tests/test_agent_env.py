@@ -195,7 +195,7 @@ def test_bad_requests_get_openais_status_codes_and_bodies(smollm2):
 def test_a_requests_max_tokens_stop_temperature_and_top_p_are_applied(smollm2):
     """max_tokens and stop cut the completion as OpenAI does, and only the ids handed back are
     trained (`response_tokens`); temperature and top_p reach the policy through `row_sampling`,
-    moved into the env's ranges."""
+    moved into the env's ranges, and max_tokens too, where generation stops the row."""
     ours, _ = smollm2
     agent_programs.SEEN.clear()
     env = make_env(ours, 1, "cut_calls", temperature_range=[0.0, 1.5], top_p_range=[0.8, 1.0])
@@ -203,14 +203,14 @@ def test_a_requests_max_tokens_stop_temperature_and_top_p_are_applied(smollm2):
     sampled = int(np.flatnonzero(message[0] == ours.eos_id)[0]) + 1
     try:
         env.reset(seed=0)
-        np.testing.assert_array_equal(env.row_sampling(), [[1.0, 1.0]])
+        np.testing.assert_array_equal(env.row_sampling(), [[1.0, 1.0, 2]])
         _, _, _, _, info = env.step(message)
         assert info["response_tokens"][0] == 2  # max_tokens
         # The stop string " is" is cut from the text; its token is handed back and trained.
         _, _, _, _, info = env.step(message)
         assert info["response_tokens"][0] == len(ours.encode("The sum is"))
         # Greedy, with the nucleus moved up into [0.8, 1]: one adjustment counted.
-        np.testing.assert_array_equal(env.row_sampling(), np.float32([[0.0, 0.8]]))
+        np.testing.assert_array_equal(env.row_sampling(), np.float32([[0.0, 0.8, RESPONSE]]))
         assert env.accounting.sampling_clamped == 1
         _, _, terminated, _, info = env.step(message)
         assert terminated[0] and info["response_tokens"][0] == sampled
@@ -224,6 +224,35 @@ def test_a_requests_max_tokens_stop_temperature_and_top_p_are_applied(smollm2):
         assert env.accounting.tokens_cut == 2 * sampled - usage[0] - usage[1]
         (run,) = env.ended_runs
         assert [len(call.completion_ids) for call in run.calls] == usage
+    finally:
+        env.close()
+
+
+def test_a_slot_waiting_for_the_next_round_is_generated_one_token(smollm2):
+    """In rounds (a group baseline), a slot whose run ended early has no pending call on the
+    round's later steps: its padding message, never trained, is generated one token long."""
+    ours, _ = smollm2
+    env = make_agent_vector_env(
+        2,
+        {
+            "agent": "agent_programs:one_call",
+            "rows": "agent_programs:rows",
+            "context_length": CONTEXT,
+            "response_length": RESPONSE,
+            "max_calls": 2,
+        },
+        ours,
+        episode_groups=True,
+    )
+    try:
+        env.reset(seed=0)
+        np.testing.assert_array_equal(env.row_sampling()[:, 2], [RESPONSE, RESPONSE])
+        _, _, terminated, _, info = env.step(say(ours, "Hello.", 2))
+        assert terminated.all() and info["agent_acted"].all()  # one call, and the runs end
+        np.testing.assert_array_equal(env.row_sampling()[:, 2], [1, 1])
+        _, _, _, _, info = env.step(say(ours, "Hello.", 2))
+        assert not info["agent_acted"].any()  # the round's padding step
+        np.testing.assert_array_equal(env.row_sampling()[:, 2], [RESPONSE, RESPONSE])
     finally:
         env.close()
 

@@ -136,22 +136,24 @@ def test_an_error_on_the_serving_thread_is_raised_on_the_learners():
     asking.join(timeout=10)
 
 
-class TemperatureEchoPolicy(DoublingPolicy):
-    """Answers each row's requested temperature as its log-prob."""
+class SamplingEchoPolicy(DoublingPolicy):
+    """Answers each row's requested temperature as its log-prob and its most tokens as its
+    value."""
 
     def act_with(self, obs, noise, sampling=None):
-        action, _, value = super().act_with(obs, noise)
-        return action, sampling[:, 0].copy(), value
+        action, _, _ = super().act_with(obs, noise)
+        return action, sampling[:, 0].copy(), sampling[:, 2].copy()
 
 
 def test_a_text_env_rows_sampling_reaches_the_policy():
-    """A text env's request carries each row's temperature and top_p (the agent env's
-    requests'); a request without them asks for 1 and 1, the policy's own distribution."""
+    """A text env's request carries each row's temperature, top_p and most tokens (the agent
+    env's requests'); a request without them asks for 1, 1 and no limit of its own (inf): the
+    policy's own distribution, whole messages."""
     request_spec = inference_request_spec((2,), "float32", NUM_ENVS, text=True)
     reply_spec = inference_reply_spec((), np.dtype(np.int64), (), NUM_ENVS)
     endpoint = MemoryEndpoint(request_spec, reply_spec)
     server = InferenceServer(
-        TemperatureEchoPolicy(),
+        SamplingEchoPolicy(),
         endpoint,
         [request_spec],
         [reply_spec],
@@ -162,9 +164,13 @@ def test_a_text_env_rows_sampling_reaches_the_policy():
     server.start()
     try:
         obs = np.zeros((NUM_ENVS, 2), np.float32)
-        sampling = np.array([[0.5, 1.0], [1.0, 0.9], [0.0, 1.0]], np.float32)
-        np.testing.assert_array_equal(env_rank.act(obs, sampling=sampling)[1], [0.5, 1.0, 0.0])
-        np.testing.assert_array_equal(env_rank.act(obs)[1], [1.0, 1.0, 1.0])
+        sampling = np.array([[0.5, 1.0, 4], [1.0, 0.9, 1], [0.0, 1.0, np.inf]], np.float32)
+        _, temperature, most_tokens = env_rank.act(obs, sampling=sampling)
+        np.testing.assert_array_equal(temperature, [0.5, 1.0, 0.0])
+        np.testing.assert_array_equal(most_tokens, [4, 1, np.inf])
+        _, temperature, most_tokens = env_rank.act(obs)
+        np.testing.assert_array_equal(temperature, [1.0, 1.0, 1.0])
+        np.testing.assert_array_equal(most_tokens, np.inf)
         server.check()
     finally:
         server.close()

@@ -308,6 +308,47 @@ def test_generation_stops_once_every_row_has_answered() -> None:
     np.testing.assert_array_equal(np.asarray(free.log_probs)[:, longest:], 0.0)
 
 
+def test_a_rows_token_limit_ends_it_with_the_tokens_it_gets_without_one() -> None:
+    """`max_new_tokens` per row (a request's `max_tokens`): each row keeps the first tokens of
+    its unlimited answer, up to its limit, and decoding stops at the largest limit instead of
+    the longest answer."""
+    base = make_language_model(language_model_spec("tiny", VOCAB))
+    params = sharpened(base, seed=11)  # answers that run to the response length
+    decodes = []
+
+    def counted_decode(*args, **kwargs):
+        jax.debug.callback(lambda: decodes.append(1))
+        return base.decode(*args, **kwargs)
+
+    lm = base._replace(decode=counted_decode)
+    context, key = jnp.asarray(padded_contexts()), jax.random.key(5)
+    settings = dict(response_length=RESPONSE_LENGTH, pad_id=PAD, eos_id=EOS)
+    free = generate_jit(lm, params, context, key, **settings)
+    lengths = np.asarray(free.mask).sum(axis=1).astype(int)
+    limits = np.array([1, 3, 2, RESPONSE_LENGTH], np.int32)[: len(lengths)]
+    decodes.clear()
+    limited = generate_jit(lm, params, context, key, max_new_tokens=limits, **settings)
+    kept = np.minimum(lengths, limits)
+    assert np.any(kept < lengths)  # some row is cut by its limit
+    steps = np.arange(RESPONSE_LENGTH)[None, :]
+    within = steps < kept[:, None]
+    for field in ("tokens", "log_probs", "sampler_log_probs", "values"):
+        got, whole = np.asarray(getattr(limited, field)), np.asarray(getattr(free, field))
+        np.testing.assert_array_equal(got[within], whole[within], err_msg=field)
+    np.testing.assert_array_equal(np.asarray(limited.tokens)[~within], PAD)
+    np.testing.assert_array_equal(np.asarray(limited.mask), within.astype(np.float32))
+    assert len(decodes) == kept.max(), (len(decodes), kept)
+    uncached = generate_jit(
+        lm, params, context, key, max_new_tokens=limits, use_cache=False, **settings
+    )
+    np.testing.assert_array_equal(np.asarray(uncached.tokens), np.asarray(limited.tokens))
+    # Every row limited below its answer: the loop ends at the largest limit.
+    decodes.clear()
+    short = generate_jit(lm, params, context, key, max_new_tokens=2, **settings)
+    np.testing.assert_array_equal(np.asarray(short.mask).sum(axis=1), np.minimum(lengths, 2))
+    assert len(decodes) == 2
+
+
 @pytest.mark.parametrize("raw", [False, True], ids=["typed_keys", "raw_keys"])
 def test_a_key_per_row_draws_what_each_row_alone_would(raw: bool) -> None:
     """Env ranks and the central server key each env's answer by the env, not by the batch it

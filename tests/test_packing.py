@@ -187,7 +187,7 @@ def test_a_packed_update_takes_the_padded_updates_steps():
         "valid": valid,
         "bootstrap_value": np.zeros((t, b), np.float32),
         "last_value": np.zeros((b,), np.float32),
-        "response_tokens": message_lengths(response, eos).reshape(t, b),
+        "response_tokens": message_lengths(response, eos, pad).reshape(t, b),
     }
     hp = hyperparams(num_epochs=2, num_minibatches=2, kl_coef=0.05, ent_coef=0.01)
 

@@ -58,12 +58,15 @@ def test_padding_is_measured_in_what_generation_and_the_update_compute():
     action[0, 2] = 4
     action[0, 3, :2] = [4, EOS]
     valid = np.array([[1, 1, 1, 0]])
-    np.testing.assert_array_equal(message_lengths(action, EOS), [[3, 1, 8, 2]])
+    np.testing.assert_array_equal(message_lengths(action, EOS, PAD), [[3, 1, 8, 2]])
+    # A row that generation stopped at its token limit (2) is padded after its last token.
+    limited = np.array([4, 4, PAD, PAD, PAD, PAD, PAD, PAD], np.int32)
+    assert message_lengths(limited, EOS, PAD) == 2
     # One generation of 4 answers decodes 8 steps (its longest): 32 tokens, 12 of them needed.
-    assert generation_utilisation([(action, valid)], EOS) == (12, 32)
+    assert generation_utilisation([(action, valid)], EOS, PAD) == (12, 32)
     # Two env ranks of two answers each: 2 x 3 + 2 x 8 steps computed.
     halves = [(action[:, :2], valid[:, :2]), (action[:, 2:], valid[:, 2:])]
-    assert generation_utilisation(halves, EOS) == (12, 22)
+    assert generation_utilisation(halves, EOS, PAD) == (12, 22)
     obs = np.zeros((1, 4, 6), np.int32)
     obs[0, :, 2:] = 5  # contexts of 4 tokens in 6
     # 4 rows x 14 columns computed; the valid rows need 3 x 4 context + 12 answer tokens.

@@ -8,6 +8,7 @@ from collections.abc import Callable
 
 import numpy as np
 
+from agentenv_jax.envs.text.row_sampling import default_sampling
 from agentenv_jax.transport.messages import INFERENCE_ACT, INFERENCE_VALUE
 from agentenv_jax.transport.spec import MessageSpec
 
@@ -50,8 +51,10 @@ class RemotePolicy:
     def act(
         self, obs: np.ndarray, sampling: np.ndarray | None = None
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        if "sampling" in self._fields:  # a text env's rows' temperature and top_p
-            self._fields["sampling"][...] = 1.0 if sampling is None else sampling
+        if "sampling" in self._fields:  # a text env's rows' (envs.text.row_sampling)
+            self._fields["sampling"][...] = (
+                default_sampling(obs.shape[0]) if sampling is None else sampling
+            )
         reply = self._ask(INFERENCE_ACT, obs)
         return reply["action"].copy(), reply["log_prob"].copy(), reply["value"].copy()
 

@@ -21,6 +21,7 @@ import numpy as np
 from agentenv_jax.actor.policy import flat_params_on
 from agentenv_jax.envs.spaces import TextSpec
 from agentenv_jax.envs.text.padding import context_length_needed
+from agentenv_jax.envs.text.row_sampling import default_sampling
 from agentenv_jax.networks.language_model import LanguageModel
 from agentenv_jax.networks.text_models import text_generate
 
@@ -31,7 +32,8 @@ OPPONENT_NOISE_ROW = 1 << 30
 class TextPolicy:
     """`ActorPolicy`'s interface for a language model: `act(obs [E, L], sampling=None)`
     generates one message per env, `(tokens [E, M] int32, log_probs [E, M], values [E, M])`,
-    each row at its `sampling` (temperature, top_p), the log-probs the sampler's; `value(obs)`
+    each row at its `sampling` (`envs.text.row_sampling`: temperature, top_p, most tokens), the
+    log-probs the sampler's; `value(obs)`
     is V of each context `[E]`.
 
     The noise of a call is `noise_source(...)()`: `int32 [E, 2]` (global env index, call
@@ -73,6 +75,8 @@ class TextPolicy:
                 keys,
                 temperature=sampling[:, 0],
                 top_p=sampling[:, 1],
+                # inf (no limit of the row's own) is the response length, before the cast.
+                max_new_tokens=jnp.minimum(sampling[:, 2], text.response_length).astype(jnp.int32),
             )
             # The behaviour log-probs: the sampler's, the policy's own at the default sampling.
             return out.tokens, out.sampler_log_probs, out.values
@@ -140,15 +144,15 @@ class TextPolicy:
         sampling: np.ndarray | None = None,
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Messages for `obs` with the rows' `noise`, by `params` (default: the current), each
-        row sampled at its `sampling` `[E, 2]` (temperature, top_p; default 1 and 1: the
-        policy's own distribution)."""
+        row sampled at its `sampling` `[E, 3]` (temperature, top_p, most tokens; default 1, 1
+        and the response length: the policy's own distribution, whole messages)."""
         if self._length_bucket:  # generate from the columns the contexts use
             obs = obs[
                 ..., obs.shape[-1] - context_length_needed(obs, self._pad_id, self._length_bucket) :
             ]
         params = self._params if params is None else params
         if sampling is None:
-            sampling = np.ones((obs.shape[0], 2), np.float32)
+            sampling = default_sampling(obs.shape[0])
         context, sampling = jnp.asarray(obs, jnp.int32), jnp.asarray(sampling, jnp.float32)
         tokens, log_probs, values = jax.device_get(self._act(params, context, noise, sampling))
         return tokens, log_probs, values

@@ -22,6 +22,8 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from agentenv_jax.envs.spaces import TextSpec
+from agentenv_jax.envs.text.padding import message_lengths
 from agentenv_jax.transport.messages import INFERENCE_ACT
 from agentenv_jax.transport.spec import MessageSpec
 
@@ -69,7 +71,7 @@ class InferenceServer:
     with one `policy` call per batch, every call padded to all of them (one shape, one compile).
 
     `noise[i]()` draws env rank i's noise for one call (`noise_source` of the policy, seeded as
-    that env rank's own policy would be). `eos_id`: text envs, to count generated tokens.
+    that env rank's own policy would be). `text`: a text env's spec, to count generated tokens.
     `threaded`: `start` starts the serving thread (else the learner calls `serve` itself).
     """
 
@@ -80,7 +82,7 @@ class InferenceServer:
         request_specs: Sequence[MessageSpec],
         reply_specs: Sequence[MessageSpec],
         noise: Sequence[Callable[[], np.ndarray]],
-        eos_id: int | None = None,
+        text: TextSpec | None = None,
         threaded: bool = False,
     ):
         self._policy = policy
@@ -89,7 +91,7 @@ class InferenceServer:
         self._reply_specs = list(reply_specs)
         self._noise = list(noise)
         self._bounds = np.cumsum([0, *(spec["obs"].shape[0] for spec in request_specs)])
-        self._eos_id = eos_id
+        self._text = text
         self._pending: dict[int, float] = {}  # env-rank index -> when its request was taken
         self.requests = 0
         self.batches = 0  # policy calls: act batches ...
@@ -220,8 +222,10 @@ class InferenceServer:
                     replies[k]["log_prob"][...] = log_prob[a:b]
                     replies[k]["value"][...] = value[a:b]
                     self.rows += b - a
-                    if self._eos_id is not None:
-                        self.tokens_generated += generated_tokens(action[a:b], self._eos_id)
+                    if self._text is not None:
+                        self.tokens_generated += int(
+                            message_lengths(action[a:b], self._text.eos_id, self._text.pad_id).sum()
+                        )
                 else:
                     replies[k]["state_value"][...] = state_value[a:b]
             if act:
@@ -266,10 +270,3 @@ class InferenceServer:
             "tokens_generated": self.tokens_generated,
             "compute_s": self.compute_s,
         }
-
-
-def generated_tokens(tokens: np.ndarray, eos_id: int) -> int:
-    """Tokens of `tokens [E, M]` up to and including each row's first EOS (all M without)."""
-    is_eos = tokens == eos_id
-    before_or_at = (np.cumsum(is_eos, axis=1) - is_eos) == 0
-    return int(before_or_at.sum())

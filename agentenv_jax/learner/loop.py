@@ -627,6 +627,7 @@ class Learner:
                 for a, b in zip(widths[:-1], widths[1:], strict=True)
             ],
             self._eos_id,
+            self._pad_id,
         )
         measures = {
             "generation_utilisation": needed / computed if computed else 1.0,

@@ -102,6 +102,7 @@ def generate(
     eos_id: int,
     temperature: float | jax.Array = 1.0,
     top_p: float | jax.Array = 1.0,
+    max_new_tokens: int | jax.Array | None = None,
     use_cache: bool = True,
 ) -> Generation:
     """Sample `response_length` (M) tokens after each row of `context` `[B, L]` (int32, left-padded
@@ -118,7 +119,10 @@ def generate(
     the behaviour log-probs PPO needs; otherwise the samples are off-policy, and only
     `sampler_log_probs` make a correct importance ratio for them. `temperature` 0 (or
     below `GREEDY_TEMPERATURE`) samples at `GREEDY_TEMPERATURE`; `top_p` is in [0, 1] (0 keeps
-    the most likely token alone).
+    the most likely token alone). `max_new_tokens` (one number, or one per row `[B]`; default
+    `response_length`) ends a row after that many tokens as its EOS would: the tokens it gets
+    are the first ones it gets without the limit, and decoding stops once every row has ended
+    one way or the other, so a batch of rows asked for few tokens costs few steps.
 
     `use_cache=True`: one `prefill` of the context into a KV cache of length L + M, then one
     `decode` per token in a `lax.while_loop` that ends when every row has emitted EOS (or after
@@ -140,6 +144,14 @@ def generate(
         jnp.maximum(jnp.asarray(temperature, jnp.float32), GREEDY_TEMPERATURE), (batch,)
     )
     top_p = jnp.broadcast_to(jnp.asarray(top_p, jnp.float32), (batch,))
+    limit = jnp.broadcast_to(
+        jnp.asarray(response_length if max_new_tokens is None else max_new_tokens, jnp.int32),
+        (batch,),
+    )
+
+    def ended(step: jax.Array, token: jax.Array) -> jax.Array:
+        """Rows whose token `step` (just emitted) ends them: EOS, or their last allowed."""
+        return (token == eos_id) | (step + 1 >= limit)
 
     def emit(step: jax.Array, logits: jax.Array, value: jax.Array, done: jax.Array) -> tuple:
         """Sample token `step` from `logits` `[B, V]`: `(token, log_prob, sampler log_prob,
@@ -214,7 +226,7 @@ def generate(
                 params, cache, token, context_length + step, alive
             )
             outputs = record(outputs, step, (token, log_prob, sampler_log_prob, value, alive))
-            return step + 1, done | (token == eos_id), outputs, cache, logits, next_value
+            return step + 1, done | ended(step, token), outputs, cache, logits, next_value
 
         carry = (start, done, outputs, cache, logits, value)
         _, _, outputs, *_ = jax.lax.while_loop(answering, cached_step, carry)
@@ -237,7 +249,7 @@ def generate(
             tokens = jax.lax.dynamic_update_slice(tokens, token[:, None], at)
             mask = jax.lax.dynamic_update_slice(mask, alive.astype(jnp.int32)[:, None], at)
             outputs = record(outputs, step, (token, log_prob, sampler_log_prob, value, alive))
-            return step + 1, done | (token == eos_id), outputs, tokens, mask
+            return step + 1, done | ended(step, token), outputs, tokens, mask
 
         carry = (start, done, outputs, tokens, mask)
         _, _, outputs, *_ = jax.lax.while_loop(answering, uncached_step, carry)

@@ -35,9 +35,10 @@ class PackedRows(NamedTuple):
 
 def token_counts(context: np.ndarray, response: np.ndarray, pad_id: int, eos_id: int):
     """`(context tokens, response tokens)` `int [N]` of each message: its context's non-padding
-    tokens, and its response's up to and including the first EOS (all M without one)."""
+    tokens, and its response's (`envs.text.padding.message_lengths`)."""
     context_tokens = (context != pad_id).sum(axis=1)
-    return context_tokens.astype(np.int64), message_lengths(response, eos_id).astype(np.int64)
+    lengths = message_lengths(response, eos_id, pad_id)
+    return context_tokens.astype(np.int64), lengths.astype(np.int64)
 
 
 def pack_rows(

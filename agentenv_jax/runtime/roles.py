@@ -374,7 +374,7 @@ def on_policy_plan(
             [specs[i][0] for i in mine],
             [specs[i][1] for i in mine],
             central_noise_sources(config, topology, spaces, policy, mine),
-            eos_id=None if spaces.text is None else spaces.text.eos_id,
+            text=spaces.text,
             threaded=threaded,
         )
         if hasattr(endpoint, "attach"):

@@ -127,13 +127,14 @@ def inference_request_spec(
     obs_shape: tuple[int, ...], obs_dtype: str, num_envs: int, text: bool = False
 ) -> MessageSpec:
     """What an env rank asks: the request's kind and its `E` observations; for a text env
-    (`text`), also each row's `sampling` (temperature, top_p)."""
+    (`text`), also each row's `sampling` (temperature, top_p, most tokens: the columns of
+    `envs.text.row_sampling`, which this layer does not import)."""
     fields = [
         FieldSpec("kind", (1,), np.int64),
         FieldSpec("obs", (num_envs, *obs_shape), np.dtype(obs_dtype)),
     ]
     if text:
-        fields.append(FieldSpec("sampling", (num_envs, 2), np.float32))
+        fields.append(FieldSpec("sampling", (num_envs, 3), np.float32))
     return MessageSpec(fields)
 
 

@@ -74,6 +74,7 @@ from agentenv_jax.envs.multi_agent.columns import ACTED
 from agentenv_jax.envs.spaces import EnvError, TextSpec
 from agentenv_jax.envs.text.dataset_tasks import DatasetRows
 from agentenv_jax.envs.text.padding import message_lengths
+from agentenv_jax.envs.text.row_sampling import default_sampling
 from agentenv_jax.envs.text.tasks import require_int, require_known_kwargs, require_seconds
 from agentenv_jax.envs.text.vector_env import (
     FINISHED_TRANSCRIPTS,
@@ -490,13 +491,17 @@ class AgentVectorEnv(gym.vector.VectorEnv):
         return response
 
     def row_sampling(self) -> np.ndarray:
-        """`float32 [E, 2]`: the temperature and top_p each slot's pending call is sampled at
-        (its request's, moved into `temperature_range` and `top_p_range`; 1 and 1 for a slot
-        without one). The actor loop passes it to the policy with the step's observations."""
-        sampling = np.ones((self.num_envs, 2), np.float32)
+        """`float32 [E, 3]` (`envs.text.row_sampling`): the temperature and top_p each slot's
+        pending call is sampled at (its request's, moved into `temperature_range` and
+        `top_p_range`) and its request's `max_tokens`, where generation stops the row. A slot
+        without a pending call (a round's padding step, never trained) gets one token. The
+        actor loop passes it to the policy with the step's observations."""
+        sampling = default_sampling(self.num_envs)
         for slot, run in enumerate(self._runs):
             if run is not None and run.current is not None:
-                sampling[slot] = run.current.sampling
+                sampling[slot] = (*run.current.sampling, run.current.request.max_tokens)
+            else:
+                sampling[slot, 2] = 1
         return sampling
 
     # -- the vector env: one step per batch of calls -----------------------------------------
@@ -529,7 +534,7 @@ class AgentVectorEnv(gym.vector.VectorEnv):
                 f"AgentVectorEnv.step: actions must be of shape "
                 f"{(self.num_envs, self._response_length)}, got {actions.shape}"
             )
-        response_tokens = message_lengths(actions, self.tokenizer.eos_id)
+        response_tokens = message_lengths(actions, self.tokenizer.eos_id, self.tokenizer.pad_id)
         acted = np.array([run is not None and run.current is not None for run in self._runs])
         served = [int(slot) for slot in np.flatnonzero(acted)]
         for slot in served:

@@ -9,12 +9,15 @@ from __future__ import annotations
 import numpy as np
 
 
-def message_lengths(actions: np.ndarray, eos_id: int) -> np.ndarray:
-    """`int32 [...]`: each message's tokens in `actions` `[..., M]` up to and including its
-    first EOS (all M without one)."""
+def message_lengths(actions: np.ndarray, eos_id: int, pad_id: int) -> np.ndarray:
+    """`int32 [...]`: each message's tokens in `actions` `[..., M]`: up to and including its
+    first EOS; without one, up to its first `pad_id` (generation stopped the row at its token
+    limit, `max_new_tokens`, and the policy never samples PAD); all M without either."""
     is_eos = actions == eos_id
-    first = is_eos.argmax(axis=-1) + 1
-    return np.where(is_eos.any(axis=-1), first, actions.shape[-1]).astype(np.int32)
+    ends = is_eos | (actions == pad_id)
+    first = ends.argmax(axis=-1)
+    at_eos = np.take_along_axis(is_eos, first[..., None], axis=-1)[..., 0]
+    return np.where(ends.any(axis=-1), first + at_eos, actions.shape[-1]).astype(np.int32)
 
 
 def update_padding_fraction(
@@ -24,19 +27,19 @@ def update_padding_fraction(
     `[T, B, M]` (every row at these lengths) that no valid message needs: contexts' left
     padding, answers past their EOS, and the rows of steps that are not valid."""
     computed = obs.shape[0] * obs.shape[1] * (obs.shape[2] + action.shape[2])
-    real = (obs != pad_id).sum(axis=-1) + message_lengths(action, eos_id)
+    real = (obs != pad_id).sum(axis=-1) + message_lengths(action, eos_id, pad_id)
     return 1.0 - float((real * valid).sum()) / computed if computed else 0.0
 
 
 def generation_utilisation(
-    batches: list[tuple[np.ndarray, np.ndarray]], eos_id: int
+    batches: list[tuple[np.ndarray, np.ndarray]], eos_id: int, pad_id: int
 ) -> tuple[int, int]:
     """`(tokens needed, tokens computed)` by generation: each of `batches` is one env rank's
     `(action [T, E, M], valid [T, E])`, every step of it one generation of E answers that
     decodes until the longest of them ends; the tokens needed are the valid answers'."""
     needed = computed = 0
     for action, valid in batches:
-        lengths = message_lengths(action, eos_id)  # [T, E]
+        lengths = message_lengths(action, eos_id, pad_id)  # [T, E]
         computed += int(lengths.max(axis=1).sum()) * action.shape[1]
         needed += int((lengths * valid).sum())
     return needed, computed

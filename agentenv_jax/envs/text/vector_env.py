@@ -238,7 +238,7 @@ class TextVectorEnv(gym.vector.VectorEnv):
         final_obs = np.full(self.num_envs, None, dtype=object)
         returns = np.zeros(self.num_envs, np.float32)
         turns = np.zeros(self.num_envs, np.int32)
-        response_tokens = message_lengths(actions, eos)
+        response_tokens = message_lengths(actions, eos, self.tokenizer.pad_id)
         has_eos = (actions == eos).any(axis=1)
         messages = {int(i): self.tokenizer.decode(actions[i]) for i in np.flatnonzero(acted)}
         replies = dict(
