@@ -8,6 +8,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 import json
+import math
 import operator
 import re
 from collections.abc import Sequence
@@ -549,6 +550,27 @@ def test_packing_on_a_learner_of_two_devices_is_one_start_up_error(run_dir):
         "this learner's mesh has 2",
         {"XLA_FLAGS": "--xla_force_host_platform_device_count=2"},
     )
+
+
+@pytest.mark.slow
+def test_a_packed_run_trains_on_rows_of_less_padding_and_reconciles(run_dir):
+    """`algorithm.packed_row_length` through the learner: two updates of 256 messages of 7
+    tokens ("BOS 3+4=" in a context of 8, an answer and EOS) packed two a row of 14, longer
+    than the model's 10 positions (each message counts its own): every message trained once,
+    the padded update's left padding (3 of 10 tokens) gone from the packed rows."""
+    run = _train(
+        run_dir,
+        "arithmetic_ppo",
+        "packed",
+        "algorithm.packed_row_length=14",
+        "run.total_env_steps=512",
+    )
+    records = _metrics(run)
+    assert len(records) == 2
+    for record in records:
+        assert 0.0 <= record["packed_padding_fraction"] < record["update_padding_fraction"]
+        assert math.isfinite(record["loss/total"]) and math.isfinite(record["kl_to_reference"])
+    _assert_reconciles(_summary(run)["accounting"])
 
 
 @pytest.mark.slow

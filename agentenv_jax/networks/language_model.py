@@ -356,11 +356,11 @@ def scoring_functions(
 def packed_application(
     hidden_states: Callable[..., dict[str, jax.Array]],
     heads: Callable[[Params, dict[str, jax.Array]], tuple[jax.Array, jax.Array]],
-    check_length: Callable[[int, str], None],
 ) -> Callable[..., tuple[jax.Array, jax.Array]]:
     """A `LanguageModel`'s `packed_apply` (any model family), from its trunks' final hidden
     states `hidden_states(params, tokens, positions, allowed) -> {trunk: [B, T, d]}` and its
-    `heads(params, {trunk: hidden}) -> (logits, values)`."""
+    `heads(params, {trunk: hidden}) -> (logits, values)`. A row may be longer than the model's
+    `max_length`: positions count from each message's start, and no message is longer."""
 
     def packed_apply(
         params: Params,
@@ -369,7 +369,6 @@ def packed_application(
         rows: jax.Array,
         columns: jax.Array,
     ) -> tuple[jax.Array, jax.Array]:
-        check_length(tokens.shape[1], "a packed row")
         positions, allowed = segment_positions(segments), segment_allowed(segments)
         hidden = hidden_states(params, tokens, positions, allowed)
         # The heads (a vocabulary-wide matmul) run only where response tokens are predicted.
@@ -568,7 +567,6 @@ def make_language_model(spec: LanguageModelSpec) -> LanguageModel:
     packed_apply = packed_application(
         hidden_states,
         lambda params, hidden: _heads(spec, params, hidden),
-        lambda length, what: _check_length(spec, length, what),
     )
 
     def init_cache(batch: int, length: int) -> KVCache:

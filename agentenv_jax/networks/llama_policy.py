@@ -205,7 +205,7 @@ def make_llama_policy(spec: LlamaPolicySpec) -> LanguageModel:
         logits, values, _ = forward(params, tokens, mask, read)
         return logits, values
 
-    packed_apply = packed_application(lambda *args: run_trunks(*args)[0], heads, check_length)
+    packed_apply = packed_application(lambda *args: run_trunks(*args)[0], heads)
 
     def init_cache(batch: int, length: int) -> KVCache:
         check_length(length, "a KV cache")
