@@ -163,7 +163,8 @@ def test_packed_scores_losses_and_gradients_equal_the_padded_batchs(model):
 def test_a_packed_update_takes_the_padded_updates_steps():
     """Two epochs of two minibatches over 2 x 4 messages (one of them a padding step, which
     packing leaves out): the update on packed minibatches moves the parameters as the update
-    on the same minibatches padded does, and packs each into fewer rows than it has messages."""
+    on the same minibatches padded does, and packs each into fewer rows than it has messages;
+    the reference policy's pass, over all 8 messages packed at once, gives the same KL."""
     import optax
 
     from agentenv_jax.algorithms.token_ppo import TokenTrainState, make_token_ppo_update
@@ -215,6 +216,7 @@ def test_a_packed_update_takes_the_padded_updates_steps():
         row_bucket=1,
     )
     assert plan["packed_tokens"].shape[2] < 4  # rows per minibatch of 4 messages
+    assert plan["all_packed_tokens"].shape[0] < 7  # rows for the 7 valid messages
 
     def state():
         copy = jax.tree.map(jnp.asarray, params)
@@ -224,8 +226,8 @@ def test_a_packed_update_takes_the_padded_updates_steps():
     padded, padded_metrics = update(state(), rollout | orders)
     assert not traced
     packed, packed_metrics = update(state(), rollout | plan)
-    assert traced and set(traced) == {plan["packed_tokens"].shape[2:]}
-    for name in ("loss/total", "loss/policy", "loss/kl", "approx_kl"):
+    assert set(traced) == {plan["packed_tokens"].shape[2:], plan["all_packed_tokens"].shape}
+    for name in ("loss/total", "loss/policy", "loss/kl", "approx_kl", "kl_to_reference"):
         assert float(packed_metrics[name]) == pytest.approx(float(padded_metrics[name]), abs=1e-5)
     moved = jax.tree.map(lambda a, b: float(jnp.abs(a - b).max()), padded.params, params)
     assert max(jax.tree_util.tree_leaves(moved)) > 1e-3

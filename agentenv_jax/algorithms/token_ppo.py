@@ -33,7 +33,7 @@ from agentenv_jax.algorithms.ppo import (
     standardize,
     value_loss,
 )
-from agentenv_jax.networks.packing import PACKED_ROW_FIELDS, PackedRows
+from agentenv_jax.networks.packing import PACKED_MESSAGE_FIELDS, PACKED_ROW_FIELDS, PackedRows
 
 # `score(params, context [N, L], response [N, M]) -> (log_probs, values, entropy, mask)`, each
 # `[N, M]`: the policy's view of a generated response (`networks.language_model`).
@@ -462,7 +462,9 @@ def make_token_ppo_update(
 
     A rollout with `minibatch_orders` and its minibatches packed (`networks.packing.
     packed_minibatches`) trains on those minibatches, scored by `packed_score_fn` without
-    their padding: the same gradient steps as the padded minibatches of the same orders.
+    their padding: the same gradient steps as the padded minibatches of the same orders. The
+    reference policy's pass (and the proximal policy's) scores the update's messages packed
+    all at once, likewise.
     """
     loss_fn = make_token_ppo_loss(score_fn, hp, packed_score_fn)
 
@@ -471,9 +473,14 @@ def make_token_ppo_update(
         num_rows = t * b
         rows = lambda x: constrain_rows(x.reshape((num_rows,) + x.shape[2:]))  # noqa: E731
         obs, action = rows(rollout["obs"]), rows(rollout["action"])
+        if PACKED_MESSAGE_FIELDS[0] in rollout:  # every message packed: no padding computed
+            every = PackedRows(*(rollout[name] for name in PACKED_MESSAGE_FIELDS))
+            score_all = lambda params: packed_score_fn(params, every, action)  # noqa: E731
+        else:
+            score_all = lambda params: score_fn(params, obs, action)  # noqa: E731
         # The reference policy's log-probs of what was generated, once per update.
         reference = finetuning.reference(state.params, state.ref_params)
-        ref_log_prob, _, _, token_mask = score_fn(reference, obs, action)
+        ref_log_prob, _, _, token_mask = score_all(reference)
         ref_log_prob = ref_log_prob.reshape(t, b, -1)
         received = valid = rollout["valid"].astype(jnp.float32)
         token_mask = token_mask.reshape(t, b, -1)
@@ -517,7 +524,7 @@ def make_token_ppo_update(
         proximal, correction = behaviour, {}
         if hp.importance_weight_cap is not None:
             # The policy this update starts from, on the stale samples.
-            proximal = score_fn(state.params, obs, action)[0].reshape(t, b, -1) * mask
+            proximal = score_all(state.params)[0].reshape(t, b, -1) * mask
             weight, correction = truncated_importance_weight(
                 proximal, behaviour, mask, hp.importance_weight_cap, hp.importance_ratio
             )

@@ -90,9 +90,11 @@ def pack_rows(
 
 
 # The arrays a packed update adds to its rollout (`packed_minibatches`): each minibatch's
-# messages, and its `PackedRows`, field by field in their order.
+# messages and its `PackedRows`, field by field in their order; and every message of the
+# update packed at once, for the passes over all of them (the reference policy's scores).
 PACKED_ROW_FIELDS = ("packed_tokens", "packed_segments", "packed_rows", "packed_columns")
-PACKED_FIELDS = ("minibatch_orders", *PACKED_ROW_FIELDS)
+PACKED_MESSAGE_FIELDS = tuple(f"all_{name}" for name in PACKED_ROW_FIELDS)
+PACKED_FIELDS = ("minibatch_orders", *PACKED_ROW_FIELDS, *PACKED_MESSAGE_FIELDS)
 
 
 def packed_minibatches(
@@ -113,7 +115,9 @@ def packed_minibatches(
     minibatch `packed_tokens` / `packed_segments` `[E, K, R, P]`, `packed_rows` `[E, K, n]`
     and `packed_columns` `[E, K, n, M]`, where R is the most rows a minibatch needs, rounded
     up to a multiple of `row_bucket` (default: an eighth of n, so that R takes at most 8
-    values over a run: each new R compiles the update once)."""
+    values over a run: each new R compiles the update once). The `all_` fields
+    (`PACKED_MESSAGE_FIELDS`) are the N messages packed at once, their rows rounded up to a
+    multiple of an eighth of N."""
     total = len(context)
     size = total // num_minibatches
     orders = np.stack(
@@ -128,18 +132,32 @@ def packed_minibatches(
     ]
     most = max(plan.tokens.shape[0] for epoch in plans for plan in epoch)
     bucket = max(size // 8, 1) if row_bucket is None else row_bucket
-    rows = -(-max(most, 1) // bucket) * bucket
-
-    def padded(x: np.ndarray, fill: int) -> np.ndarray:
-        return np.pad(x, ((0, rows - x.shape[0]), (0, 0)), constant_values=fill)
-
+    every = pack_rows(context, response, pad_id, eos_id, row_length, keep)
+    per_minibatch = [
+        [_rows_padded(plan, pad_id, _rounded_up(most, bucket)) for plan in epoch] for epoch in plans
+    ]
+    whole = _rows_padded(every, pad_id, _rounded_up(every.tokens.shape[0], max(total // 8, 1)))
     return {
         "minibatch_orders": orders,
-        "packed_tokens": np.array([[padded(p.tokens, pad_id) for p in e] for e in plans]),
-        "packed_segments": np.array([[padded(p.segments, 0) for p in e] for e in plans]),
-        "packed_rows": np.array([[p.rows for p in e] for e in plans]),
-        "packed_columns": np.array([[p.columns for p in e] for e in plans]),
+        **{
+            name: np.array([[plan[k] for plan in epoch] for epoch in per_minibatch])
+            for k, name in enumerate(PACKED_ROW_FIELDS)
+        },
+        **dict(zip(PACKED_MESSAGE_FIELDS, whole, strict=True)),
     }
+
+
+def _rounded_up(rows: int, bucket: int) -> int:
+    return -(-max(rows, 1) // bucket) * bucket
+
+
+def _rows_padded(plan: PackedRows, pad_id: int, rows: int) -> PackedRows:
+    """`plan` with rows of nothing (`pad_id`, segment 0) added up to `rows` rows."""
+    extra = ((0, rows - plan.tokens.shape[0]), (0, 0))
+    return plan._replace(
+        tokens=np.pad(plan.tokens, extra, constant_values=pad_id),
+        segments=np.pad(plan.segments, extra, constant_values=0),
+    )
 
 
 def segment_positions(segments: jax.Array) -> jax.Array:
