@@ -53,7 +53,7 @@ def smollm2():
     return load_tokenizer(str(path), pretrained_spec(SMOLLM2).vocab_size), theirs
 
 
-def make_env(tokenizer, num_envs: int, agent: str, **kwargs):
+def make_env(tokenizer, num_envs: int, agent: str, episode_groups: bool = False, **kwargs):
     kwargs = {
         "agent": f"agent_programs:{agent}",
         "rows": "agent_programs:rows",
@@ -61,7 +61,7 @@ def make_env(tokenizer, num_envs: int, agent: str, **kwargs):
         "response_length": RESPONSE,
         **kwargs,
     }
-    return make_agent_vector_env(num_envs, kwargs, tokenizer)
+    return make_agent_vector_env(num_envs, kwargs, tokenizer, episode_groups)
 
 
 def say(tokenizer, text: str, num_envs: int, spelled: str = "") -> np.ndarray:
@@ -232,18 +232,7 @@ def test_a_slot_waiting_for_the_next_round_is_generated_one_token(smollm2):
     """In rounds (a group baseline), a slot whose run ended early has no pending call on the
     round's later steps: its padding message, never trained, is generated one token long."""
     ours, _ = smollm2
-    env = make_agent_vector_env(
-        2,
-        {
-            "agent": "agent_programs:one_call",
-            "rows": "agent_programs:rows",
-            "context_length": CONTEXT,
-            "response_length": RESPONSE,
-            "max_calls": 2,
-        },
-        ours,
-        episode_groups=True,
-    )
+    env = make_env(ours, 2, "one_call", episode_groups=True, max_calls=2)
     try:
         env.reset(seed=0)
         np.testing.assert_array_equal(env.row_sampling()[:, 2], [RESPONSE, RESPONSE])

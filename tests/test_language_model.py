@@ -313,7 +313,7 @@ def test_a_rows_token_limit_ends_it_with_the_tokens_it_gets_without_one() -> Non
     its unlimited answer, up to its limit, and decoding stops at the largest limit instead of
     the longest answer."""
     base = make_language_model(language_model_spec("tiny", VOCAB))
-    params = sharpened(base, seed=11)  # answers that run to the response length
+    params = sharpened(base, seed=11)  # EOS about one step in seven: answers of mixed lengths
     decodes = []
 
     def counted_decode(*args, **kwargs):
