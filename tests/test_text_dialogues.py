@@ -138,3 +138,35 @@ def test_trained_params_load_the_runs_policy(tmp_path):
         store.close()
     assert all(jax.tree.leaves(jax.tree.map(np.array_equal, state["ref_params"], initial)))
     check_counts(sample_dialogues(run.config, params, num_episodes=4), 4)
+
+
+@pytest.mark.slow
+def test_dialogues_generate_from_the_columns_the_contexts_use(monkeypatch):
+    """With `algorithm.length_bucket`, each message is generated from the context's used
+    columns (rounded up to the bucket), as the actor does, not its whole length: the same
+    dialogues, on fewer columns."""
+    from agentenv_jax.networks import text_models
+
+    widths: list[int] = []
+    real = text_models.text_generate
+
+    def recording(lm, text):
+        generate = real(lm, text)
+
+        def run(params, context, key, **kwargs):
+            widths.append(context.shape[-1])
+            return generate(params, context, key, **kwargs)
+
+        return run
+
+    monkeypatch.setattr(text_models, "text_generate", recording)
+    config = text_config(GUESS_NUMBER, max_turns=3, context_length=64)
+    whole = sample_dialogues(config, num_episodes=6, seed=2)
+    assert set(widths) == {64}
+    widths.clear()
+    config = resolve_config(config, ["algorithm.length_bucket=4"])
+    trimmed = sample_dialogues(config, num_episodes=6, seed=2)
+    assert trimmed == whole
+    # The first turn's context is the prompt alone ("Guess my number (1-8):"); later ones
+    # hold the guesses and replies so far.
+    assert min(widths) < 64 and all(w % 4 == 0 for w in widths), widths

@@ -214,6 +214,7 @@ def sample_dialogues(
 
     from agentenv_jax.envs.factory import EVAL_SEED_BASE
     from agentenv_jax.envs.text import make_text_vector_env
+    from agentenv_jax.envs.text.padding import context_length_needed
     from agentenv_jax.envs.text.registry import text_env_seats
     from agentenv_jax.envs.text.vector_env import FINISHED_TRANSCRIPTS
     from agentenv_jax.networks.text_models import text_generate, text_tokenizer
@@ -244,12 +245,23 @@ def sample_dialogues(
         with jax.default_device(cpu):
             params = jax.device_put(params, cpu)
             generate_fn = jax.jit(text_generate(lm, text))
+            # Generated from the columns the contexts use, rounded up to `length_bucket`, as the
+            # actor does: positions count from a row's first token, so the messages are the
+            # same, and a long context's left padding is not computed (a TicTacToe game's
+            # 768 columns hold ~300 tokens on its first moves).
+            bucket = getattr(config.algorithm, "length_bucket", 0)
+
+            def used_columns(obs: np.ndarray) -> np.ndarray:
+                if not bucket:
+                    return obs
+                return obs[..., obs.shape[-1] - context_length_needed(obs, text.pad_id, bucket) :]
+
             keys = iter(
                 jax.random.fold_in(jax.random.PRNGKey(seed), call) for call in itertools.count()
             )
 
             def act(obs: np.ndarray) -> np.ndarray:
-                context = jnp.asarray(obs, jnp.int32)
+                context = jnp.asarray(used_columns(obs), jnp.int32)
                 out = generate_fn(params, context, next(keys), temperature=temperature)
                 return np.asarray(out.tokens)
 
@@ -264,7 +276,7 @@ def sample_dialogues(
 
                 def opponent_move(obs: np.ndarray, rows: np.ndarray) -> np.ndarray:
                     fill = np.resize(np.arange(rows.size), env.num_envs)
-                    context = jnp.asarray(obs[fill], jnp.int32)
+                    context = jnp.asarray(used_columns(obs[fill]), jnp.int32)
                     out = generate_fn(
                         opponent, context, next(opponent_keys), temperature=temperature
                     )
