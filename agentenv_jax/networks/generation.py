@@ -104,6 +104,7 @@ def generate(
     top_p: float | jax.Array = 1.0,
     max_new_tokens: int | jax.Array | None = None,
     use_cache: bool = True,
+    slots: int | None = None,
 ) -> Generation:
     """Sample `response_length` (M) tokens after each row of `context` `[B, L]` (int32, left-padded
     with `pad_id`).
@@ -130,7 +131,13 @@ def generate(
     `[B, L + M]` buffer (the tokens so far, the rest masked) — the reference the cache is tested
     against. After a row's first EOS it emits `pad_id`, with log-prob, value and mask 0.
 
-    Jit with `lm`, `response_length`, `pad_id`, `eos_id` and `use_cache` static.
+    `slots` (S < B, with the cache and a key per row): continuous batching. S rows decode at
+    a time, each at its own step, in a KV cache of S rows; a row that ends hands its slot to
+    the next row waiting, whose context is prefilled into it inside the same loop, so the
+    decode steps run while any row is answering rather than each batch of S to its longest.
+    Each row gets the tokens it gets generated alone with its key (up to float rounding).
+
+    Jit with `lm`, `response_length`, `pad_id`, `eos_id`, `use_cache` and `slots` static.
     """
     batch, context_length = context.shape
     # A key per row: `[B]` typed keys or `[B, 2]` raw ones (`jax.random.PRNGKey`).
@@ -149,21 +156,32 @@ def generate(
         (batch,),
     )
 
-    def ended(step: jax.Array, token: jax.Array) -> jax.Array:
-        """Rows whose token `step` (just emitted) ends them: EOS, or their last allowed."""
-        return (token == eos_id) | (step + 1 >= limit)
+    def ended(step: jax.Array, token: jax.Array, row_limit: jax.Array = limit) -> jax.Array:
+        """Rows whose token `step` (just emitted; one step, or each row's) ends them: EOS, or
+        their last allowed."""
+        return (token == eos_id) | (step + 1 >= row_limit)
 
-    def emit(step: jax.Array, logits: jax.Array, value: jax.Array, done: jax.Array) -> tuple:
+    def emit(
+        step: jax.Array,
+        logits: jax.Array,
+        value: jax.Array,
+        done: jax.Array,
+        rows: jax.Array | None = None,
+    ) -> tuple:
         """Sample token `step` from `logits` `[B, V]`: `(token, log_prob, sampler log_prob,
-        value, alive)`."""
+        value, alive)`. `rows` `[S]`: the rows whose keys and settings the S logits' rows
+        take, each at its own `step` `[S]` (continuous batching's slots); None: row b's."""
+        row_keys, row_temperature, row_top_p = key, temperature, top_p
+        if rows is not None:
+            row_keys, row_temperature, row_top_p = key[rows], temperature[rows], top_p[rows]
         logits = policy_logits(logits, pad_id)
-        drawn_from = logits if plain else sampler_logits(logits, temperature, top_p)
+        drawn_from = logits if plain else sampler_logits(logits, row_temperature, row_top_p)
         if per_row_keys:  # each row's draw as generating that row alone would make it
             sampled = jax.vmap(
-                lambda row_key, row: sample_categorical(
-                    jax.random.fold_in(row_key, step), row[None]
+                lambda row_key, row_step, row: sample_categorical(
+                    jax.random.fold_in(row_key, row_step), row[None]
                 )[0]
-            )(key, drawn_from)
+            )(row_keys, jnp.broadcast_to(step, drawn_from.shape[:1]), drawn_from)
         else:
             sampled = sample_categorical(jax.random.fold_in(key, step), drawn_from)
 
@@ -177,7 +195,7 @@ def generate(
             sampler_log_prob = log_prob
         else:  # a second log-softmax only where some row samples otherwise
             sampler_log_prob = jax.lax.cond(
-                jnp.all((temperature == 1.0) & (top_p >= 1.0)),
+                jnp.all((row_temperature == 1.0) & (row_top_p >= 1.0)),
                 lambda: log_prob,
                 lambda: log_prob_of(drawn_from),
             )
@@ -188,6 +206,13 @@ def generate(
             jnp.where(alive, sampler_log_prob, 0.0),
             jnp.where(alive, value, 0.0),
             alive,
+        )
+
+    if slots is not None and slots < batch:
+        if not (use_cache and per_row_keys):
+            raise ValueError("generate(slots=...) needs use_cache=True and a key per row")
+        return _generate_in_slots(
+            lm, params, context, slots, response_length, pad_id, emit, ended, limit
         )
 
     # Steps run while a row is still answering, at most `response_length`: a batch of short
@@ -260,6 +285,102 @@ def generate(
         tokens=tokens,
         log_probs=log_probs,
         values=values.astype(jnp.float32),
+        mask=alive.astype(jnp.float32),
+        sampler_log_probs=sampler_log_probs,
+    )
+
+
+def _generate_in_slots(
+    lm: LanguageModel,
+    params: Any,
+    context: jax.Array,
+    slots: int,
+    response_length: int,
+    pad_id: int,
+    emit: Any,
+    ended: Any,
+    limit: jax.Array,
+) -> Generation:
+    """`generate`'s continuous batching: the B rows of `context` through `slots` (S) rows of
+    KV cache, `emit` and `ended` being `generate`'s for the whole batch (`emit` takes the rows
+    a slot holds)."""
+    from agentenv_jax.networks.language_model import cache_row
+
+    batch, context_length = context.shape
+    total = context_length + response_length
+    context_mask = (context != pad_id).astype(jnp.int32)
+    none = batch  # a slot's row when it holds none (past the last row)
+
+    # The first S rows, prefilled together.
+    cache = lm.init_cache(slots, total)
+    cache, logits, value = lm.prefill(params, context[:slots], context_mask[:slots], cache)
+    slot_row = jnp.arange(slots, dtype=jnp.int32)
+    slot_step = jnp.zeros((slots,), jnp.int32)
+    outputs = (
+        jnp.full((batch, response_length), pad_id, jnp.int32),
+        jnp.zeros((batch, response_length), jnp.float32),
+        jnp.zeros((batch, response_length), jnp.float32),
+        jnp.zeros((batch, response_length), jnp.float32),
+        jnp.zeros((batch, response_length), bool),
+    )
+
+    def refill(state: tuple) -> tuple:
+        """The next waiting row prefilled into the first free slot."""
+        slot_row, slot_step, next_row, free, cache, logits, value = state
+        slot = jnp.argmax(free)
+        one = lm.init_cache(1, total)
+        row_tokens = jax.lax.dynamic_slice_in_dim(context, next_row, 1)
+        row_mask = jax.lax.dynamic_slice_in_dim(context_mask, next_row, 1)
+        one, row_logits, row_value = lm.prefill(params, row_tokens, row_mask, one)
+        return (
+            slot_row.at[slot].set(next_row),
+            slot_step.at[slot].set(0),
+            next_row + 1,
+            free.at[slot].set(False),
+            cache_row(cache, slot, one),
+            logits.at[slot].set(row_logits[0]),
+            value.at[slot].set(row_value[0]),
+        )
+
+    def can_refill(state: tuple) -> jax.Array:
+        next_row, free = state[2], state[3]
+        return (next_row < batch) & jnp.any(free)
+
+    def step(carry: tuple) -> tuple:
+        slot_row, slot_step, next_row, outputs, cache, logits, value = carry
+        active = slot_row < none
+        rows = jnp.minimum(slot_row, batch - 1)
+        emitted = emit(slot_step, logits, value, ~active, rows)
+        # Written at (row, step) of the slots holding a row; a free slot's write is dropped.
+        at = (jnp.where(active, slot_row, none), slot_step)
+        outputs = tuple(
+            out.at[at].set(new.astype(out.dtype), mode="drop")
+            for out, new in zip(outputs, emitted, strict=True)
+        )
+        token = emitted[0]
+        # (A free slot's step runs on; its writes stay inside the cache until a row replaces
+        # them.)
+        index = context_length + jnp.minimum(slot_step, response_length - 1)
+        cache, logits, value = lm.decode(params, cache, token, index, active)
+        finished = active & ended(slot_step, token, limit[rows])
+        slot_row = jnp.where(finished, none, slot_row)
+        slot_step = slot_step + 1
+        state = (slot_row, slot_step, next_row, slot_row == none, cache, logits, value)
+        slot_row, slot_step, next_row, _, cache, logits, value = jax.lax.while_loop(
+            can_refill, refill, state
+        )
+        return slot_row, slot_step, next_row, outputs, cache, logits, value
+
+    def answering(carry: tuple) -> jax.Array:
+        return jnp.any(carry[0] < none)
+
+    carry = (slot_row, slot_step, jnp.int32(slots), outputs, cache, logits, value)
+    outputs = jax.lax.while_loop(answering, step, carry)[3]
+    tokens, log_probs, sampler_log_probs, values, alive = outputs
+    return Generation(
+        tokens=tokens,
+        log_probs=log_probs,
+        values=values,
         mask=alive.astype(jnp.float32),
         sampler_log_probs=sampler_log_probs,
     )

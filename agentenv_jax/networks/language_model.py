@@ -292,18 +292,53 @@ def prefilled(cache: KVCache, kv: dict[str, tuple[jax.Array, jax.Array]], mask: 
 def decode_slots(
     cache: KVCache, index: jax.Array | int, mask: jax.Array | None
 ) -> tuple[jax.Array, jax.Array, jax.Array]:
-    """For a `decode` of one token per row at slot `index`: the cache's updated key mask
-    `[B, S]`, the slots each row's token attends to `[B, S]` (bool), and its position `[B, 1]`.
-    `mask` `[B]` (None: all 1) says which rows' tokens are real."""
+    """For a `decode` of one token per row at slot `index` (one slot for every row, or each
+    row's own `[B]`): the cache's updated key mask `[B, S]`, the slots each row's token attends
+    to `[B, S]` (bool), and its position `[B, 1]`. `mask` `[B]` (None: all 1) says which rows'
+    tokens are real."""
     batch, length = cache.mask.shape
     real = jnp.ones((batch,), jnp.int32) if mask is None else mask.astype(jnp.int32)
-    key_mask = jax.lax.dynamic_update_slice(cache.mask, real[:, None], (0, index))
+    index = jnp.asarray(index)
+    if index.ndim == 0:
+        key_mask = jax.lax.dynamic_update_slice(cache.mask, real[:, None], (0, index))
+    else:
+        here = jnp.arange(length)[None] == index[:, None]
+        key_mask = jnp.where(here, real[:, None], cache.mask)
     # Slots after `index` are empty in a cache filled in order; masking them as well keeps a
     # cache reused out of order causal.
-    seen = (jnp.arange(length) <= index)[None] & (key_mask == 1)
+    seen = (jnp.arange(length)[None] <= jnp.reshape(index, (-1, 1))) & (key_mask == 1)
     # The position `apply` would give: cumsum(mask) - 1 up to this token.
     position = jnp.maximum(jnp.sum(seen, axis=1) - 1, 0)[:, None]
     return key_mask, seen, position
+
+
+def write_slots(
+    cache: jax.Array, new: jax.Array, layer: jax.Array | int, index: jax.Array | int
+) -> jax.Array:
+    """One kind of a trunk's cache, keys or values `[layers, B, S, H, Dh]`, with `new`
+    `[B, T, H, Dh]` written into layer `layer` at slots `index...`: the same slots for every
+    row (`index` a scalar), or each row's own (`[B]`, T = 1: rows decoding at different steps,
+    as the slots of continuous batching do)."""
+    new = new.astype(cache.dtype)
+    index = jnp.asarray(index)
+    if index.ndim == 0:
+        return jax.lax.dynamic_update_slice(cache, new[None], (layer, 0, index, 0, 0))
+    return cache.at[layer, jnp.arange(new.shape[0]), index].set(new[:, 0])
+
+
+def cache_row(cache: KVCache, row: jax.Array | int, source: KVCache) -> KVCache:
+    """`cache` with its row `row` replaced by the one row of `source` (a cache of batch 1 and
+    the same length): every trunk's keys and values, and the key mask, so that nothing of the
+    row's earlier occupant stays in view."""
+
+    def put(whole: jax.Array, one: jax.Array, axis: int) -> jax.Array:
+        return jax.lax.dynamic_update_index_in_dim(whole, one, row, axis)
+
+    return KVCache(
+        keys={n: put(cache.keys[n], source.keys[n][:, 0], 1) for n in cache.keys},
+        values={n: put(cache.values[n], source.values[n][:, 0], 1) for n in cache.values},
+        mask=put(cache.mask, source.mask[0], 0),
+    )
 
 
 def _token_scores(
@@ -454,9 +489,9 @@ def _run_trunk(
     """One trunk over `tokens` and `positions` `[B, S]`: `(hidden [B, S, d] float32, keys,
     values)`. Without `cache` a query attends over the S tokens themselves (`allowed`
     `[B, S, S]`) and keys/values are the fresh ones `[layers, B, S, H, Dh]`; with `cache =
-    (keys, values, index)` (`[layers, B, T, H, Dh]`, a scalar slot) the tokens' keys and values are
-    written at slots `index...` and a query attends over the T slots (`allowed` `[B, S, T]`), and
-    keys/values are the updated cache."""
+    (keys, values, index)` (`[layers, B, T, H, Dh]`; a slot, or one per row) the tokens' keys
+    and values are written at slots `index...` and a query attends over the T slots (`allowed`
+    `[B, S, T]`), and keys/values are the updated cache."""
     dtype = jnp.dtype(spec.dtype)
     batch, length = tokens.shape
     x = jnp.asarray(trunk["token_embedding"])[tokens]
@@ -474,9 +509,8 @@ def _run_trunk(
             fresh_values.append(v)
             keys, values = k, v
         else:
-            start = (layer, 0, index, 0, 0)
-            cache_keys = jax.lax.dynamic_update_slice(cache_keys, k[None], start)
-            cache_values = jax.lax.dynamic_update_slice(cache_values, v[None], start)
+            cache_keys = write_slots(cache_keys, k, layer, index)
+            cache_values = write_slots(cache_values, v, layer, index)
             keys, values = cache_keys[layer], cache_values[layer]
         attended = _attend(q, keys, values, allowed, dtype)
         x = x + _linear(attended, block["attention_out"], dtype)
@@ -595,10 +629,10 @@ def make_language_model(spec: LanguageModelSpec) -> LanguageModel:
         index: jax.Array | int,
         mask: jax.Array | None = None,
     ) -> tuple[KVCache, jax.Array, jax.Array]:
-        """Append `token` `[B]` at slot `index` (a scalar: L + i for the i-th generated token) of
-        `cache`: `(cache, logits [B, V], value [B])` after it. `mask` `[B]` (default all 1) says
-        which rows' tokens are real; a masked token is never attended to, and its outputs are
-        meaningless."""
+        """Append `token` `[B]` at slot `index` (L + i for the i-th generated token: a scalar,
+        or one per row `[B]`) of `cache`: `(cache, logits [B, V], value [B])` after it. `mask`
+        `[B]` (default all 1) says which rows' tokens are real; a masked token is never
+        attended to, and its outputs are meaningless."""
         key_mask, seen, position = decode_slots(cache, index, mask)
         hidden, keys, values = {}, {}, {}
         for name in spec.trunks:

@@ -24,6 +24,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from agentenv_jax.config.errors import ConfigError
+from agentenv_jax.networks.language_model import write_slots
 
 SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "qwen3")
 _ROPE_TYPES = ("default", "linear", "llama3")
@@ -331,11 +332,11 @@ def _block(
     `(x, keys, values)`. Without `cached` the queries attend over the T tokens' own keys and
     values (`allowed` `[B, T, T]`), which it returns; with `cached = (keys, values, layer,
     index)` (every layer's cache, `[layers, B, S, kv_heads, head_dim]`, this block's layer and
-    a slot) the tokens' keys and values are written at slots `index...` of the layer and the
-    queries attend over its S slots (`allowed` `[B, T, S]`), and it returns the updated
-    caches. NOTE: the caches are updated where they are, a few slots of one layer, rather than
-    sliced out per layer and written back: in the decode loop that copying moved ten times the
-    bytes of the tokens' own work."""
+    a slot, or one per row) the tokens' keys and values are written at slots `index...` of
+    the layer and the queries attend over its S slots (`allowed` `[B, T, S]`), and it returns
+    the updated caches. NOTE: the caches are updated where they are, a few slots of one layer,
+    rather than sliced out per layer and written back: in the decode loop that copying moved
+    ten times the bytes of the tokens' own work."""
     batch, length, _ = x.shape
     hd, kv_heads = spec.head_dim, spec.num_kv_heads
     groups = spec.num_heads // kv_heads
@@ -350,11 +351,8 @@ def _block(
     kept = k, v
     if cached is not None:
         cache_keys, cache_values, layer_index, index = cached
-        at = (layer_index, 0, index, 0, 0)
-        cache_keys = jax.lax.dynamic_update_slice(cache_keys, k.astype(cache_keys.dtype)[None], at)
-        cache_values = jax.lax.dynamic_update_slice(
-            cache_values, v.astype(cache_values.dtype)[None], at
-        )
+        cache_keys = write_slots(cache_keys, k, layer_index, index)
+        cache_values = write_slots(cache_values, v, layer_index, index)
         kept = cache_keys, cache_values
         k = jax.lax.dynamic_index_in_dim(cache_keys, layer_index, keepdims=False)
         v = jax.lax.dynamic_index_in_dim(cache_values, layer_index, keepdims=False)
@@ -393,9 +391,10 @@ def run_layers(
     every layer's keys and values `[layers, B, ., kv_heads, head_dim]`. Without `cache` each
     token attends where `allowed` `[B, T, T]` says, and the keys and values are the tokens'
     own; with `cache = (keys, values, index)` they are written into the cache at slot `index`
-    and each token attends over its slots where `allowed` `[B, T, S]` says. `remat` recomputes
-    each block's activations in the backward pass instead of keeping them (`jax.checkpoint`
-    per block: activation memory of one block, not of every layer, for ~1/3 more compute).
+    (or each row's own) and each token attends over its slots where `allowed` `[B, T, S]`
+    says. `remat` recomputes each block's activations in the backward pass instead of keeping
+    them (`jax.checkpoint` per block: activation memory of one block, not of every layer, for
+    ~1/3 more compute).
     `adapted`: LoRA adapters of every layer, stacked `[layers, ...]` like the layers."""
     cos, sin = _rotary(spec, positions, dtype)
     x = params["embed_tokens"][tokens].astype(dtype)
