@@ -14,6 +14,7 @@ import test_language_model as scratch
 import test_llama_policy as llama
 from test_lora import adapted_policy, with_moved_adapters
 
+from agentenv_jax.envs.text.padding import decode_steps
 from agentenv_jax.networks.generation import generate
 from agentenv_jax.networks.language_model import language_model_spec, make_language_model
 
@@ -87,12 +88,21 @@ def test_each_row_gets_what_it_gets_generated_alone(name):
             np.testing.assert_allclose(
                 getattr(slotted, field)[row], getattr(alone, field)[0], atol=2e-4, err_msg=field
             )
-    # Static batches of SLOTS rows each decode to their longest answer; the slots decode while
-    # any row answers: at most the rows' tokens over the slots, and one step per row handed a
-    # slot late (the step its predecessor ends on).
+    # The slots decode while any row answers, each row taking the slot that frees first, as
+    # the learner's generation_utilisation counts them; static batches of SLOTS rows would
+    # each decode to their longest answer.
+    assert slotted_steps == decode_steps(lengths, SLOTS)
     static = sum(lengths[i : i + SLOTS].max() for i in range(0, ROWS, SLOTS))
-    assert slotted_steps <= -(-lengths.sum() // SLOTS) + ROWS - SLOTS
     assert slotted_steps < static, (slotted_steps, static, lengths)
+
+
+def test_decode_steps_hand_each_answer_the_slot_that_frees_first():
+    # Slot 0: the 5 (ends at 5); slot 1: 1, 2, 1, then the 4, which it gets at 4 (ends at 8).
+    assert decode_steps(np.array([5, 1, 2, 1, 4]), 2) == 8
+    assert decode_steps(np.array([5, 1, 2, 1, 4]), 0) == 5  # one batch: the longest
+    assert decode_steps(np.array([5, 1, 2, 1, 4]), 5) == 5
+    assert decode_steps(np.array([3, 3, 3, 3]), 1) == 12
+    assert decode_steps(np.array([0, 2]), 1) == 3  # an answer is a token at least
 
 
 def test_slots_need_a_key_per_row():
@@ -109,3 +119,90 @@ def test_slots_need_a_key_per_row():
             eos_id=eos,
             slots=SLOTS,
         )
+
+
+def test_an_env_ranks_policy_generates_through_its_slots():
+    """`TextPolicy(generation_slots=4)`, as env ranks and central inference build it from
+    `network.language_model.generation_slots`: the answers of the policy without slots, in
+    the decode steps of 4 slots rather than the longest answer's over all 9 rows."""
+    from jax.flatten_util import ravel_pytree
+
+    from agentenv_jax.actor.text_policy import TextPolicy
+    from agentenv_jax.envs.spaces import TextSpec
+
+    lm, params, pad, eos, bos, vocab, response_length = family("scratch")
+    text = TextSpec(scratch.VOCAB, CONTEXT, response_length, pad, bos, eos)
+    flat, unravel = ravel_pytree(params)
+    decodes = []
+
+    def counted_decode(*args, **kwargs):
+        jax.debug.callback(lambda: decodes.append(1))
+        return lm.decode(*args, **kwargs)
+
+    counted = lm._replace(decode=counted_decode)
+    obs = mixed_contexts(pad, bos, vocab)
+    answers, steps = {}, {}
+    for slots in (0, 4):
+        policy = TextPolicy(counted, unravel, text, 0, 0, ROWS, generation_slots=slots)
+        policy.set_params(flat)
+        decodes.clear()
+        answers[slots] = policy.act(obs)
+        steps[slots] = len(decodes)
+    for static, slotted in zip(answers[0], answers[4], strict=True):
+        np.testing.assert_allclose(slotted, static, atol=2e-4)
+    lengths = (answers[0][0] != pad).sum(axis=1)
+    assert len(set(lengths)) > 2, lengths
+    assert steps == {0: lengths.max(), 4: decode_steps(lengths, 4)}, (steps, lengths)
+
+
+@pytest.mark.slow
+def test_a_run_with_generation_slots_trains_on_the_answers_it_gets_without(tmp_path):
+    """`network.language_model.generation_slots`: an env rank's 16 answers (of up to 8 tokens,
+    from weights whose EOS is likely enough that they end at mixed lengths) go through 4 slots.
+    Each row keeps its key, so the run gets the answers and losses of the run without slots;
+    less of what generation computes is padding."""
+    from agentenv_jax.checkpoint.pretrained import save_language_model
+    from agentenv_jax.config import load_config
+    from agentenv_jax.envs.text import BYTE_TOKENIZER
+    from agentenv_jax.metrics.logger import read_metrics
+    from agentenv_jax.networks.text_models import language_model_for
+    from agentenv_jax.runtime.launch import train
+
+    settings = ["env.global_num_envs=16", "env.kwargs.response_length=8"]
+    settings += ["algorithm.rollout_length=2", "run.total_env_steps=64", "run.progress=false"]
+    settings += [f"network.language_model.init_from={tmp_path / 'weights'}"]
+    text = BYTE_TOKENIZER.text_spec(8, 8)
+    lm = language_model_for(
+        load_config("arithmetic_ppo", settings[:2]).network.language_model, text
+    )
+    weights = jax.tree.map(np.array, lm.init(jax.random.key(3)))
+    eos_row = weights["policy"]["token_embedding"][text.eos_id]
+    # The tied LM head reads the final norm's output: its bias along the EOS embedding raises
+    # the EOS logit by 4.5 whatever the context (EOS about one step in four).
+    weights["policy"]["final_norm"]["bias"] += 4.5 * eos_row / np.dot(eos_row, eos_row)
+    save_language_model(tmp_path / "weights", weights)
+
+    records = {}
+    for slots in (0, 4):
+        config = load_config(
+            "arithmetic_ppo",
+            [*settings, f"run.run_dir={tmp_path}", f"run.name=slots{slots}"]
+            + [f"network.language_model.generation_slots={slots}"],
+        )
+        result = train(config)
+        assert result.accounting["reconciles"], result.accounting
+        records[slots] = read_metrics(result.run_dir / "metrics.jsonl")
+    assert len(records[0]) == len(records[4]) == 2
+    for static, slotted in zip(records[0], records[4], strict=True):
+        assert 2 < static["response_length_mean"] < 7  # mixed lengths
+        for name in ("tokens_generated", "response_length_mean", "loss/policy", "loss/value"):
+            assert slotted[name] == pytest.approx(static[name], rel=1e-4, abs=1e-6), name
+        assert slotted["generation_utilisation"] > static["generation_utilisation"]
+
+
+def test_a_negative_slot_count_is_refused_naming_the_field():
+    from agentenv_jax.config import load_config
+    from agentenv_jax.config.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=r"network\.language_model\.generation_slots.*-2.*0 \("):
+        load_config("arithmetic_ppo", ["network.language_model.generation_slots=-2"])

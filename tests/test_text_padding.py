@@ -67,6 +67,9 @@ def test_padding_is_measured_in_what_generation_and_the_update_compute():
     # Two env ranks of two answers each: 2 x 3 + 2 x 8 steps computed.
     halves = [(action[:, :2], valid[:, :2]), (action[:, 2:], valid[:, 2:])]
     assert generation_utilisation(halves, EOS, PAD) == (12, 22)
+    # Continuous batching over 2 slots: 3 | 1, then 8 in the slot that frees at 1 and 2 in the
+    # one that frees at 3: 9 steps of 2 rows.
+    assert generation_utilisation([(action, valid)], EOS, PAD, slots=2) == (12, 18)
     obs = np.zeros((1, 4, 6), np.int32)
     obs[0, :, 2:] = 5  # contexts of 4 tokens in 6
     # 4 rows x 14 columns computed; the valid rows need 3 x 4 context + 12 answer tokens.

@@ -50,6 +50,7 @@ class TextPolicy:
         num_envs: int,
         device: jax.Device | None = None,
         length_bucket: int = 0,
+        generation_slots: int = 0,
     ):
         self._device = device or jax.devices("cpu")[0]
         self._params: jax.Array | None = None
@@ -77,6 +78,7 @@ class TextPolicy:
                 top_p=sampling[:, 1],
                 # inf (no limit of the row's own) is the response length, before the cast.
                 max_new_tokens=jnp.minimum(sampling[:, 2], text.response_length).astype(jnp.int32),
+                slots=generation_slots or None,  # continuous batching, below the call's rows
             )
             # The behaviour log-probs: the sampler's, the policy's own at the default sampling.
             return out.tokens, out.sampler_log_probs, out.values

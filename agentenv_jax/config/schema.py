@@ -154,6 +154,10 @@ class LanguageModelConfig:
     pretrained: str | None = None  # Llama/Qwen: HF folder, GGUF file, or smollm2 (its wheel)
     remat: bool = False  # pretrained models: recompute each block's activations in backward
     lora: LoRAConfig = field(default_factory=LoRAConfig)  # pretrained models: train adapters only
+    # A row that ends hands its slot to the next answer waiting, prefilled in the same loop;
+    # it pays for long-tailed answers where a decode step costs in proportion to its rows
+    # (large batches, accelerators), not for a few rows on a CPU (docs/text.md).
+    generation_slots: int = 0  # continuous batching: KV-cache rows answers share (0: one batch)
 
     def validate(self, prefix: str) -> None:
         for name in ("d_model", "num_layers", "num_heads", "mlp_dim"):
@@ -170,6 +174,12 @@ class LanguageModelConfig:
             f"false unless {prefix}.pretrained is set (the Llama family recomputes its blocks)",
         )
         self.lora.validate(f"{prefix}.lora")
+        _require(
+            self.generation_slots >= 0,
+            f"{prefix}.generation_slots",
+            self.generation_slots,
+            "0 (one batch of every answer) or a positive number of KV-cache rows",
+        )
         _require(
             not self.lora.rank or self.pretrained is not None,
             f"{prefix}.lora.rank",

@@ -628,6 +628,7 @@ class Learner:
             ],
             self._eos_id,
             self._pad_id,
+            self.config.network.language_model.generation_slots,
         )
         measures = {
             "generation_utilisation": needed / computed if computed else 1.0,

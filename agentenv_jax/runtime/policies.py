@@ -70,6 +70,7 @@ def build_actor_policy(config, topology, spaces, network=None, layout=None):
             topology.env_offsets[index],
             topology.local_num_envs[index],
             length_bucket=getattr(config.algorithm, "length_bucket", 0),
+            generation_slots=config.network.language_model.generation_slots,
         )
     if layout is None:
         network = network or actor_critic_network(config, spaces)
@@ -152,6 +153,7 @@ def build_central_policy(config, spaces, network, device):
             0,
             device,
             length_bucket=getattr(config.algorithm, "length_bucket", 0),
+            generation_slots=config.network.language_model.generation_slots,
         )
     # No stream of its own: every row's noise is its env rank's stream.
     return jitted_policy(spaces, network, None, device)

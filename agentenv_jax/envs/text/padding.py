@@ -6,6 +6,8 @@ no output depends on (positions count from a row's first token)."""
 
 from __future__ import annotations
 
+import heapq
+
 import numpy as np
 
 
@@ -31,16 +33,34 @@ def update_padding_fraction(
     return 1.0 - float((real * valid).sum()) / computed if computed else 0.0
 
 
+def decode_steps(lengths: np.ndarray, slots: int = 0) -> int:
+    """The decode steps of one generation of answers of `lengths` `[E]` tokens: the longest,
+    as one batch (`slots` 0, or at least E); with continuous batching over `slots` rows of KV
+    cache, the last step of a slot's last answer, each answer in order taking the slot that
+    frees first (the lowest of those freeing together) for its tokens, as `generate(...,
+    slots)` hands them out."""
+    lengths = np.maximum(np.asarray(lengths, np.int64), 1)  # every answer is one token at least
+    if not slots or slots >= lengths.size:
+        return int(lengths.max(initial=0))
+    free = [(0, slot) for slot in range(slots)]  # (step it frees at, slot)
+    for length in lengths.tolist():
+        at, slot = heapq.heappop(free)
+        heapq.heappush(free, (at + length, slot))
+    return max(at for at, _ in free)
+
+
 def generation_utilisation(
-    batches: list[tuple[np.ndarray, np.ndarray]], eos_id: int, pad_id: int
+    batches: list[tuple[np.ndarray, np.ndarray]], eos_id: int, pad_id: int, slots: int = 0
 ) -> tuple[int, int]:
     """`(tokens needed, tokens computed)` by generation: each of `batches` is one env rank's
-    `(action [T, E, M], valid [T, E])`, every step of it one generation of E answers that
-    decodes until the longest of them ends; the tokens needed are the valid answers'."""
+    `(action [T, E, M], valid [T, E])`, every step of it one generation of E answers, which
+    decodes E rows until the longest answer ends, or (continuous batching) `slots` rows for
+    `decode_steps`; the tokens needed are the valid answers'."""
     needed = computed = 0
     for action, valid in batches:
         lengths = message_lengths(action, eos_id, pad_id)  # [T, E]
-        computed += int(lengths.max(axis=1).sum()) * action.shape[1]
+        rows = action.shape[1] if not slots else min(slots, action.shape[1])
+        computed += sum(decode_steps(step, slots) for step in lengths) * rows
         needed += int((lengths * valid).sum())
     return needed, computed
 
