@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# The GPU check: learner update throughput on an accelerator, in under 8 minutes.
+# The GPU check: learner update throughput on an accelerator, and long-tailed generation end
+# to end, in under 20 minutes.
 #
 #   bash benchmarks/gpu_check.sh [RESULTS_DIR]      (default: gpu_check/)
 #
@@ -22,6 +23,10 @@
 #    on random weights).
 # 5. benchmarks/packed_update.py: the update on packed minibatches against padded ones
 #    (RESULTS_DIR/packed_update.json).
+# 6. benchmarks/long_tail.py: GRPO on SmolLM2 with answers of up to 256 tokens, end to end,
+#    static generation and padded updates against continuous batching (32 slots for 64 envs)
+#    and packing (RESULTS_DIR/long_tail.json; reasoning-gym and math-verify for its data and
+#    rewards).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 results=${1:-gpu_check}
@@ -105,5 +110,13 @@ pretrained memory --model llama-1b --run
 echo "== packed_update.py"
 timeout 300 "$python" benchmarks/packed_update.py --updates 3 --messages 128 \
     --json "$results/packed_update.json"
+# Long-tailed answers end to end: 64 envs (16 questions x 4 answers) reasoning in up to 256
+# tokens; static generation and padded updates against 32 slots and packed rows.
+for module in reasoning_gym math_verify; do
+    "$python" -c "import $module" 2>/dev/null || install "${module//_/-}"
+done
+echo "== long_tail.py"
+timeout 900 "$python" benchmarks/long_tail.py --updates 3 --slots 32 \
+    --set env.global_num_envs=64 --json "$results/long_tail.json"
 rm -f "$results/last.txt"
 echo "== results in $results/results.jsonl"

@@ -140,23 +140,107 @@ def generate(
     Jit with `lm`, `response_length`, `pad_id`, `eos_id`, `use_cache` and `slots` static.
     """
     batch, context_length = context.shape
-    # A key per row: `[B]` typed keys or `[B, 2]` raw ones (`jax.random.PRNGKey`).
-    typed = jnp.issubdtype(key.dtype, jax.dtypes.prng_key)
-    per_row_keys = key.ndim == (1 if typed else 2)
-    total = context_length + response_length
-    context_mask = (context != pad_id).astype(jnp.int32)
     # The policy's own distribution (a Python 1.0 for both): its log-probs are the sampler's.
     plain = all(isinstance(x, int | float) and x == 1.0 for x in (temperature, top_p))
-    temperature = jnp.broadcast_to(
-        jnp.maximum(jnp.asarray(temperature, jnp.float32), GREEDY_TEMPERATURE), (batch,)
-    )
-    top_p = jnp.broadcast_to(jnp.asarray(top_p, jnp.float32), (batch,))
-    limit = jnp.broadcast_to(
-        jnp.asarray(response_length if max_new_tokens is None else max_new_tokens, jnp.int32),
-        (batch,),
+    sampling = _row_sampling(key, temperature, top_p, max_new_tokens, batch, response_length)
+    emit, ended = _emitter(sampling, pad_id, eos_id, plain)
+
+    if slots is not None and slots < batch:
+        if not (use_cache and sampling.per_row_keys):
+            raise ValueError("generate(slots=...) needs use_cache=True and a key per row")
+        return _generate_in_slots(
+            lm, params, context, slots, response_length, pad_id, emit, ended, sampling.limit
+        )
+    if use_cache:
+        state = _prefilled_state(lm, params, context, sampling, response_length, pad_id, 0)
+        state = _decode_until(lm, params, state, response_length, emit, ended, 0)
+        return decoded(state)
+
+    # Steps run while a row is still answering, at most `response_length` (see
+    # `_decode_until`): the steps skipped would emit pad_id with log-prob, value and mask 0.
+    tokens = jnp.concatenate(
+        [context, jnp.full((batch, response_length), pad_id, context.dtype)], axis=1
+    ).astype(jnp.int32)
+    mask = jnp.concatenate(
+        [(context != pad_id).astype(jnp.int32), jnp.zeros((batch, response_length), jnp.int32)],
+        axis=1,
     )
 
-    def ended(step: jax.Array, token: jax.Array, row_limit: jax.Array = limit) -> jax.Array:
+    def uncached_step(carry: tuple) -> tuple:
+        step, done, outputs, tokens, mask = carry
+        all_logits, all_values = lm.apply(params, tokens, mask)
+        here = context_length - 1 + step  # the position that predicts token `step`
+        logits = jax.lax.dynamic_index_in_dim(all_logits, here, axis=1, keepdims=False)
+        value = jax.lax.dynamic_index_in_dim(all_values, here, axis=1, keepdims=False)
+        token, log_prob, sampler_log_prob, value, alive = emit(step, logits, value, done)
+        at = (0, context_length + step)
+        tokens = jax.lax.dynamic_update_slice(tokens, token[:, None], at)
+        mask = jax.lax.dynamic_update_slice(mask, alive.astype(jnp.int32)[:, None], at)
+        outputs = _record(outputs, step, (token, log_prob, sampler_log_prob, value, alive))
+        return step + 1, done | ended(step, token), outputs, tokens, mask
+
+    def answering(carry: tuple) -> jax.Array:
+        step, done = carry[0], carry[1]
+        return (step < response_length) & ~jnp.all(done)
+
+    start = jnp.zeros((), jnp.int32)
+    done = jnp.zeros((batch,), bool)
+    carry = (start, done, _empty_outputs(response_length, batch, pad_id), tokens, mask)
+    _, _, outputs, *_ = jax.lax.while_loop(answering, uncached_step, carry)
+    # Written [M, B], step by step.
+    tokens, log_probs, sampler_log_probs, values, alive = (x.T for x in outputs)
+    return Generation(
+        tokens=tokens,
+        log_probs=log_probs,
+        values=values.astype(jnp.float32),
+        mask=alive.astype(jnp.float32),
+        sampler_log_probs=sampler_log_probs,
+    )
+
+
+class RowSampling(NamedTuple):
+    """How each of a generation's B rows samples: its key (`key` one for the batch, or one per
+    row), temperature, top_p and most tokens, all `[B]`."""
+
+    key: jax.Array
+    temperature: jax.Array
+    top_p: jax.Array
+    limit: jax.Array
+
+    @property
+    def per_row_keys(self) -> bool:
+        """A key per row: `[B]` typed keys or `[B, 2]` raw ones (`jax.random.PRNGKey`)."""
+        typed = jnp.issubdtype(self.key.dtype, jax.dtypes.prng_key)
+        return self.key.ndim == (1 if typed else 2)
+
+
+def _row_sampling(
+    key: jax.Array,
+    temperature: float | jax.Array,
+    top_p: float | jax.Array,
+    max_new_tokens: int | jax.Array | None,
+    batch: int,
+    response_length: int,
+) -> RowSampling:
+    return RowSampling(
+        key=key,
+        temperature=jnp.broadcast_to(
+            jnp.maximum(jnp.asarray(temperature, jnp.float32), GREEDY_TEMPERATURE), (batch,)
+        ),
+        top_p=jnp.broadcast_to(jnp.asarray(top_p, jnp.float32), (batch,)),
+        limit=jnp.broadcast_to(
+            jnp.asarray(response_length if max_new_tokens is None else max_new_tokens, jnp.int32),
+            (batch,),
+        ),
+    )
+
+
+def _emitter(sampling: RowSampling, pad_id: int, eos_id: int, plain: bool) -> tuple:
+    """`(emit, ended)` of a generation sampling as `sampling` says (`plain`: every row at
+    temperature 1 and top_p 1, known when tracing)."""
+    key, per_row_keys = sampling.key, sampling.per_row_keys
+
+    def ended(step: jax.Array, token: jax.Array, row_limit: jax.Array = sampling.limit):
         """Rows whose token `step` (just emitted; one step, or each row's) ends them: EOS, or
         their last allowed."""
         return (token == eos_id) | (step + 1 >= row_limit)
@@ -171,9 +255,9 @@ def generate(
         """Sample token `step` from `logits` `[B, V]`: `(token, log_prob, sampler log_prob,
         value, alive)`. `rows` `[S]`: the rows whose keys and settings the S logits' rows
         take, each at its own `step` `[S]` (continuous batching's slots); None: row b's."""
-        row_keys, row_temperature, row_top_p = key, temperature, top_p
+        row_keys, row_temperature, row_top_p = key, sampling.temperature, sampling.top_p
         if rows is not None:
-            row_keys, row_temperature, row_top_p = key[rows], temperature[rows], top_p[rows]
+            row_keys, row_temperature, row_top_p = key[rows], row_temperature[rows], row_top_p[rows]
         logits = policy_logits(logits, pad_id)
         drawn_from = logits if plain else sampler_logits(logits, row_temperature, row_top_p)
         if per_row_keys:  # each row's draw as generating that row alone would make it
@@ -208,17 +292,13 @@ def generate(
             alive,
         )
 
-    if slots is not None and slots < batch:
-        if not (use_cache and per_row_keys):
-            raise ValueError("generate(slots=...) needs use_cache=True and a key per row")
-        return _generate_in_slots(
-            lm, params, context, slots, response_length, pad_id, emit, ended, limit
-        )
+    return emit, ended
 
-    # Steps run while a row is still answering, at most `response_length`: a batch of short
-    # answers ("5<|im_end|>") stops after its longest one instead of decoding M tokens. The
-    # steps skipped would emit pad_id with log-prob, value and mask 0, the outputs' fill.
-    outputs = (
+
+def _empty_outputs(response_length: int, batch: int, pad_id: int) -> tuple:
+    """`(tokens, log_probs, sampler_log_probs, values, alive)`, each `[M, B]`: the fill of the
+    steps no row decodes (PAD, with log-prob, value and mask 0)."""
+    return (
         jnp.full((response_length, batch), pad_id, jnp.int32),
         jnp.zeros((response_length, batch), jnp.float32),
         jnp.zeros((response_length, batch), jnp.float32),
@@ -226,61 +306,127 @@ def generate(
         jnp.zeros((response_length, batch), bool),
     )
 
-    def record(outputs: tuple, step: jax.Array, emitted: tuple) -> tuple:
-        return tuple(
-            jax.lax.dynamic_update_index_in_dim(out, new.astype(out.dtype), step, axis=0)
-            for out, new in zip(outputs, emitted, strict=True)
-        )
+
+def _record(outputs: tuple, step: jax.Array, emitted: tuple) -> tuple:
+    return tuple(
+        jax.lax.dynamic_update_index_in_dim(out, new.astype(out.dtype), step, axis=0)
+        for out, new in zip(outputs, emitted, strict=True)
+    )
+
+
+class DecodingState(NamedTuple):
+    """A KV-cached generation between calls (`start_decoding`, `continue_decoding`): `step`
+    tokens decoded so far, the rows `done`, the outputs so far `[M, B]` (tokens, log-probs,
+    sampler log-probs, values, alive) and each token's parameter `versions` `[M, B]` int32,
+    the cache, the logits and value `[B]` the next token is drawn from and the version of the
+    parameters that computed them, and the rows' sampling."""
+
+    step: jax.Array
+    done: jax.Array
+    outputs: tuple
+    versions: jax.Array
+    cache: Any
+    logits: jax.Array
+    value: jax.Array
+    logits_version: jax.Array
+    sampling: RowSampling
+
+    @property
+    def context_length(self) -> int:
+        """L: the cache holds the context and the M tokens of the response."""
+        return self.cache.mask.shape[1] - self.outputs[0].shape[0]
+
+
+def _prefilled_state(
+    lm: LanguageModel,
+    params: Any,
+    context: jax.Array,
+    sampling: RowSampling,
+    response_length: int,
+    pad_id: int,
+    version: int | jax.Array,
+) -> DecodingState:
+    batch, context_length = context.shape
+    cache = lm.init_cache(batch, context_length + response_length)
+    context_mask = (context != pad_id).astype(jnp.int32)
+    cache, logits, value = lm.prefill(params, context, context_mask, cache)
+    return DecodingState(
+        step=jnp.zeros((), jnp.int32),
+        done=jnp.zeros((batch,), bool),
+        outputs=_empty_outputs(response_length, batch, pad_id),
+        versions=jnp.full((response_length, batch), -1, jnp.int32),
+        cache=cache,
+        logits=logits,
+        value=value,
+        logits_version=jnp.asarray(version, jnp.int32),
+        sampling=sampling,
+    )
+
+
+def _decode_until(
+    lm: LanguageModel,
+    params: Any,
+    state: DecodingState,
+    stop: int | jax.Array,
+    emit: Any,
+    ended: Any,
+    version: int | jax.Array,
+) -> DecodingState:
+    """`state` decoded by `params` (of `version`) while a row is still answering, up to token
+    `stop` (at most the response length): a batch of short answers ("5<|im_end|>") stops after
+    its longest one instead of decoding M tokens. Each token is drawn from the logits of the
+    step before, so it carries the version of the parameters that computed them."""
+    response_length = state.outputs[0].shape[0]
+    version = jnp.asarray(version, jnp.int32)
 
     def answering(carry: tuple) -> jax.Array:
         step, done = carry[0], carry[1]
-        return (step < response_length) & ~jnp.all(done)
+        return (step < jnp.minimum(stop, response_length)) & ~jnp.all(done)
 
-    done = jnp.zeros((batch,), bool)
-    start = jnp.zeros((), jnp.int32)
-    if use_cache:
-        cache = lm.init_cache(batch, total)
-        cache, logits, value = lm.prefill(params, context, context_mask, cache)
-
-        def cached_step(carry: tuple) -> tuple:
-            step, done, outputs, cache, logits, value = carry
-            token, log_prob, sampler_log_prob, value, alive = emit(step, logits, value, done)
-            # The decode after the last token is wasted work, but keeps every step the same
-            # program (the cache has room for it: slot L + M - 1).
-            cache, logits, next_value = lm.decode(
-                params, cache, token, context_length + step, alive
-            )
-            outputs = record(outputs, step, (token, log_prob, sampler_log_prob, value, alive))
-            return step + 1, done | ended(step, token), outputs, cache, logits, next_value
-
-        carry = (start, done, outputs, cache, logits, value)
-        _, _, outputs, *_ = jax.lax.while_loop(answering, cached_step, carry)
-    else:
-        tokens = jnp.concatenate(
-            [context, jnp.full((batch, response_length), pad_id, context.dtype)], axis=1
-        ).astype(jnp.int32)
-        mask = jnp.concatenate(
-            [context_mask, jnp.zeros((batch, response_length), jnp.int32)], axis=1
+    def cached_step(carry: tuple) -> tuple:
+        step, done, outputs, versions, cache, logits, value, logits_version = carry
+        token, log_prob, sampler_log_prob, value, alive = emit(step, logits, value, done)
+        # The decode after the last token is wasted work, but keeps every step the same
+        # program (the cache has room for it: slot L + M - 1).
+        cache, logits, next_value = lm.decode(
+            params, cache, token, state.context_length + step, alive
         )
+        outputs = _record(outputs, step, (token, log_prob, sampler_log_prob, value, alive))
+        versions = jax.lax.dynamic_update_index_in_dim(
+            versions, jnp.where(alive, logits_version, -1), step, axis=0
+        )
+        done = done | ended(step, token)
+        return step + 1, done, outputs, versions, cache, logits, next_value, version
 
-        def uncached_step(carry: tuple) -> tuple:
-            step, done, outputs, tokens, mask = carry
-            all_logits, all_values = lm.apply(params, tokens, mask)
-            here = context_length - 1 + step  # the position that predicts token `step`
-            logits = jax.lax.dynamic_index_in_dim(all_logits, here, axis=1, keepdims=False)
-            value = jax.lax.dynamic_index_in_dim(all_values, here, axis=1, keepdims=False)
-            token, log_prob, sampler_log_prob, value, alive = emit(step, logits, value, done)
-            at = (0, context_length + step)
-            tokens = jax.lax.dynamic_update_slice(tokens, token[:, None], at)
-            mask = jax.lax.dynamic_update_slice(mask, alive.astype(jnp.int32)[:, None], at)
-            outputs = record(outputs, step, (token, log_prob, sampler_log_prob, value, alive))
-            return step + 1, done | ended(step, token), outputs, tokens, mask
+    carry = (
+        state.step,
+        state.done,
+        state.outputs,
+        state.versions,
+        state.cache,
+        state.logits,
+        state.value,
+        state.logits_version,
+    )
+    step, done, outputs, versions, cache, logits, value, logits_version = jax.lax.while_loop(
+        answering, cached_step, carry
+    )
+    return state._replace(
+        step=step,
+        done=done,
+        outputs=outputs,
+        versions=versions,
+        cache=cache,
+        logits=logits,
+        value=value,
+        logits_version=logits_version,
+    )
 
-        carry = (start, done, outputs, tokens, mask)
-        _, _, outputs, *_ = jax.lax.while_loop(answering, uncached_step, carry)
 
-    # Written [M, B], step by step.
-    tokens, log_probs, sampler_log_probs, values, alive = (x.T for x in outputs)
+def decoded(state: DecodingState) -> Generation:
+    """The `Generation` of the tokens `state` holds (its outputs, written `[M, B]` step by
+    step); `decoded_versions(state)` gives each token's parameter version."""
+    tokens, log_probs, sampler_log_probs, values, alive = (x.T for x in state.outputs)
     return Generation(
         tokens=tokens,
         log_probs=log_probs,
@@ -288,6 +434,54 @@ def generate(
         mask=alive.astype(jnp.float32),
         sampler_log_probs=sampler_log_probs,
     )
+
+
+def decoded_versions(state: DecodingState) -> jax.Array:
+    """`int32 [B, M]`: the version of the parameters that computed each token's distribution
+    (-1 after a row's end)."""
+    return state.versions.T
+
+
+def start_decoding(
+    lm: LanguageModel,
+    params: Any,
+    context: jax.Array,
+    key: jax.Array,
+    *,
+    response_length: int,
+    pad_id: int,
+    temperature: float | jax.Array = 1.0,
+    top_p: float | jax.Array = 1.0,
+    max_new_tokens: int | jax.Array | None = None,
+    version: int | jax.Array = 0,
+) -> DecodingState:
+    """The first half of `generate`'s cached path, for a generation decoded in parts
+    (`continue_decoding`) whose parameters may change between them: `context` prefilled by
+    `params` (of `version`), nothing decoded yet. The arguments are `generate`'s."""
+    sampling = _row_sampling(
+        key, temperature, top_p, max_new_tokens, context.shape[0], response_length
+    )
+    return _prefilled_state(lm, params, context, sampling, response_length, pad_id, version)
+
+
+def continue_decoding(
+    lm: LanguageModel,
+    params: Any,
+    state: DecodingState,
+    *,
+    steps: int | jax.Array,
+    pad_id: int,
+    eos_id: int,
+    version: int | jax.Array,
+) -> DecodingState:
+    """`state` decoded for up to `steps` more tokens by `params` of `version` (or until every
+    row has ended). Parameters that change between parts (a partial rollout: the answers in
+    flight continue under new parameters) keep the cache the earlier ones wrote; each token
+    keeps the log-prob and the version of the parameters whose logits it was drawn from (the
+    first token of a part, the previous part's). Undivided (`steps` = M), a generation gives
+    `generate`'s tokens, log-probs and values. Jit with `lm`, `pad_id` and `eos_id` static."""
+    emit, ended = _emitter(state.sampling, pad_id, eos_id, plain=False)
+    return _decode_until(lm, params, state, state.step + steps, emit, ended, version)
 
 
 def _generate_in_slots(
