@@ -128,6 +128,11 @@ class Actor:
         self._obs_stats = norm.empty_stats(spaces.normalizer_dim)
         self._return_stats = norm.empty_stats(1)
         self._version = -1
+        # Partial rollouts (a text policy decoding in parts, `algorithm.partial_rollout_steps`):
+        # parameters that arrive while answers are in flight are taken between parts.
+        self._swapped_mid_answer = False
+        if max_policy_lag > 0 and hasattr(policy, "between_parts"):
+            policy.between_parts = self._between_answer_parts
         self._sequence = 0
         self._segments_filled = 0
         self._unreported_transport_s = 0.0
@@ -151,10 +156,21 @@ class Actor:
             # A resumed learner starts at its checkpoint's update u, which trains segment u.
             self._sequence = self._version
         self._policy.set_params(fields["params"])
+        if hasattr(self._policy, "version"):  # a text policy stamps its tokens with it
+            self._policy.version = self._version
         self._obs_stats = norm.stats_from_flat(
             fields["obs_stats"].copy(), self._spaces.normalizer_dim
         )
         self._return_stats = norm.stats_from_flat(fields["return_stats"].copy(), 1)
+
+    def _between_answer_parts(self) -> int:
+        """Between two parts of the answers in flight: the parameters that arrived meanwhile,
+        taken (the answers continue under them); the version now held."""
+        message = self._channel.poll_params()
+        if message is not None:
+            self._load_params(message)
+            self._swapped_mid_answer = True
+        return self._version
 
     def _observe(self, raw_obs: np.ndarray) -> np.ndarray:
         if not self._normalize_obs:
@@ -291,6 +307,8 @@ class Actor:
             action_rows[t] = action
             log_prob_rows[t] = log_prob
             value_rows[t] = value
+            if self._text:
+                self._write_token_versions(fields, t, info["response_tokens"])
             terminated = np.asarray(terminated, dtype=bool)
             truncated = np.asarray(truncated, dtype=bool)
             if self._text:
@@ -354,6 +372,18 @@ class Actor:
         self._sequence += 1
         self._segments_filled += 1
         return env_s, inference_s
+
+    def _write_token_versions(self, fields: dict, t: int, tokens: np.ndarray) -> None:
+        """Row `t`'s `token_version`: each token's parameter version, as a partial rollout's
+        policy recorded them, else the row's version up to the answer's end (-1 after)."""
+        versions = getattr(self._policy, "token_versions", None)
+        if versions is None:
+            column = np.arange(fields["token_version"].shape[-1])
+            versions = np.where(column < tokens[:, None], fields["policy_version"][t, :, None], -1)
+        fields["token_version"][t] = versions
+        if self._swapped_mid_answer:  # the answers after this one start under the new version
+            fields["policy_version"][t + 1 :] = self._version
+            self._swapped_mid_answer = False
 
     def _env_action(self, action: np.ndarray) -> np.ndarray:
         if self._spaces.action_kind == "continuous":

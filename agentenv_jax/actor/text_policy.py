@@ -22,6 +22,12 @@ from agentenv_jax.actor.policy import flat_params_on
 from agentenv_jax.envs.spaces import TextSpec
 from agentenv_jax.envs.text.padding import context_length_needed
 from agentenv_jax.envs.text.row_sampling import default_sampling
+from agentenv_jax.networks.generation import (
+    continue_decoding,
+    decoded,
+    decoded_versions,
+    start_decoding,
+)
 from agentenv_jax.networks.language_model import LanguageModel
 from agentenv_jax.networks.text_models import text_generate
 
@@ -51,6 +57,7 @@ class TextPolicy:
         device: jax.Device | None = None,
         length_bucket: int = 0,
         generation_slots: int = 0,
+        partial_rollout_steps: int = 0,
     ):
         self._device = device or jax.devices("cpu")[0]
         self._params: jax.Array | None = None
@@ -88,6 +95,54 @@ class TextPolicy:
 
         self._act = jax.jit(act)
         self._value = jax.jit(value)
+
+        # Partial rollouts: the same generation decoded `partial_rollout_steps` tokens at a
+        # time, the parameters looked for between parts (`between_parts`).
+        self._part_steps = partial_rollout_steps
+        # Set by the env rank: called between parts, it takes parameters that arrived and
+        # returns the version now held.
+        self.between_parts: Callable[[], int] | None = None
+        self.version = 0  # the version of the parameters held (the env rank sets it)
+        # `int32 [E, M]`: the version of the parameters each token of the last `act` was drawn
+        # under (-1 after an answer's end).
+        self.token_versions: np.ndarray | None = None
+
+        def start(flat_params, context, rows, sampling, version):
+            keys = jax.vmap(
+                lambda row: jax.random.fold_in(jax.random.fold_in(base, row[0]), row[1])
+            )(rows)
+            return start_decoding(
+                lm,
+                unravel(flat_params),
+                context,
+                keys,
+                response_length=text.response_length,
+                pad_id=text.pad_id,
+                temperature=sampling[:, 0],
+                top_p=sampling[:, 1],
+                max_new_tokens=jnp.minimum(sampling[:, 2], text.response_length).astype(jnp.int32),
+                version=version,
+            )
+
+        def proceed(flat_params, state, version):
+            state = continue_decoding(
+                lm,
+                unravel(flat_params),
+                state,
+                steps=max(partial_rollout_steps, 1),
+                pad_id=text.pad_id,
+                eos_id=text.eos_id,
+                version=version,
+            )
+            return state, state.step, jnp.all(state.done)
+
+        def finish(state):
+            out = decoded(state)
+            return out.tokens, out.sampler_log_probs, out.values, decoded_versions(state)
+
+        self._start, self._proceed = jax.jit(start), jax.jit(proceed)
+        self._finish = jax.jit(finish)
+        self._response_length = text.response_length
 
     @staticmethod
     def noise_source(env_offset: int, num_envs: int) -> Callable[[], np.ndarray]:
@@ -152,11 +207,28 @@ class TextPolicy:
             obs = obs[
                 ..., obs.shape[-1] - context_length_needed(obs, self._pad_id, self._length_bucket) :
             ]
-        params = self._params if params is None else params
         if sampling is None:
             sampling = default_sampling(obs.shape[0])
         context, sampling = jnp.asarray(obs, jnp.int32), jnp.asarray(sampling, jnp.float32)
+        if params is None and self._part_steps and self.between_parts is not None:
+            return self._act_in_parts(context, noise, sampling)
+        params = self._params if params is None else params
         tokens, log_probs, values = jax.device_get(self._act(params, context, noise, sampling))
+        return tokens, log_probs, values
+
+    def _act_in_parts(
+        self, context: jax.Array, noise: np.ndarray, sampling: jax.Array
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """A partial rollout: the answers decoded `partial_rollout_steps` tokens at a time,
+        continuing under whatever parameters `between_parts` took in between."""
+        state = self._start(self._params, context, noise, sampling, self.version)
+        while True:
+            state, step, all_done = self._proceed(self._params, state, self.version)
+            if bool(all_done) or int(step) >= self._response_length:
+                break
+            self.version = self.between_parts()
+        tokens, log_probs, values, versions = jax.device_get(self._finish(state))
+        self.token_versions = versions
         return tokens, log_probs, values
 
     def act(

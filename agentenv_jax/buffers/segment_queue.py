@@ -40,8 +40,10 @@ def on_policy_segment_spec(
 
     Text envs (`spaces.text`): a transition is one message, `obs [T, E, L]` and
     `action [T, E, M]` int32 token ids, `log_prob`/`value` per generated token `[T, E, M]`, and
-    two more fields: `response_tokens [T, E]` (tokens generated, EOS included) and
-    `episode_success [T, E]` (1/0 where an episode ended, NaN elsewhere); a task whose reward
+    three more fields: `response_tokens [T, E]` (tokens generated, EOS included),
+    `episode_success [T, E]` (1/0 where an episode ended, NaN elsewhere) and `token_version
+    [T, E, M]` (the parameter version each token was drawn under, -1 after the answer: a
+    partial rollout's answers span versions); a task whose reward
     sums K named reward functions (`TextSpec.reward_names`) adds `reward_terms [T, E, K]`
     (each function's value, NaN where it gave none) and `reward_failed [T, E, K]`.
     """
@@ -54,6 +56,7 @@ def on_policy_segment_spec(
         text_fields = [
             FieldSpec("response_tokens", (t, e), np.int32),
             FieldSpec("episode_success", (t, e), np.float32),
+            FieldSpec("token_version", (t, e, *per_token), np.int32),
         ]
         if spaces.text.reward_names:
             k = len(spaces.text.reward_names)

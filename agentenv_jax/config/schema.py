@@ -290,6 +290,11 @@ class PPOConfig:
     # importance_weight_cap (decoupled PPO with truncated importance sampling).
     max_policy_lag: int = 0  # text envs: updates env ranks may run ahead (0: synchronous)
     importance_weight_cap: float = 2.0  # text envs, max_policy_lag > 0: truncation of the weight
+    # Partial rollouts: an env rank decodes its answers this many tokens at a time and takes
+    # parameters that arrived meanwhile between parts, the answers in flight continuing under
+    # them; each token keeps the log-prob and version that sampled it (`token_lag_*` per
+    # update). Needs max_policy_lag > 0 and the env ranks' own inference.
+    partial_rollout_steps: int = 0  # text envs: tokens between looks for parameters (0: off)
     # Generation and training on the tokens, not the padding: context columns that are
     # padding in every message of a batch (and, in training, answer columns after its longest
     # answer) are cut, the lengths kept to multiples of length_bucket (each new length
@@ -307,6 +312,11 @@ class PPOConfig:
             ("overlong_penalty", self.overlong_penalty >= 0.0, "a number >= 0"),
             ("max_policy_lag", self.max_policy_lag >= 0, "an integer >= 0"),
             ("importance_weight_cap", self.importance_weight_cap >= 1.0, "a number >= 1"),
+            (
+                "partial_rollout_steps",
+                self.partial_rollout_steps >= 0,
+                "an integer >= 0 (0: each answer under one version)",
+            ),
             ("length_bucket", self.length_bucket >= 0, "an integer >= 0 (0: no trimming)"),
             ("packed_row_length", self.packed_row_length >= 0, "an integer >= 0 (0: off)"),
             ("refill_rounds", self.refill_rounds >= 0, "an integer >= 0 (0: no refill)"),
@@ -373,6 +383,7 @@ class PPOConfig:
             "overlong_buffer",
             "max_policy_lag",
             "importance_weight_cap",
+            "partial_rollout_steps",
             "length_bucket",
             "packed_row_length",
         ]

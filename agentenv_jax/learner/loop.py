@@ -569,6 +569,12 @@ class Learner:
         valid = np.concatenate([s["valid"] for s in summaries], axis=1).astype(bool)
         # The version the round was collected against is the rounds taken before it.
         lag = (self.rounds - 1 - versions)[valid]
+        if self.text is not None:  # each token's own (a partial rollout's answers span several)
+            self.text.token_versions(
+                self.rounds - 1,
+                np.concatenate([s["token_version"] for s in segments], axis=1),
+                rollout["valid"].astype(bool),
+            )
         counts = {}
         if self._refill_hyperparams is not None:
             local_valid = rollout["valid"].astype(bool)

@@ -40,6 +40,10 @@ class TextCounters:
         self._before_episodes = Accounting()
         self.tokens: Accounting | None = None  # the whole run's, at the end
         self.episodes: Accounting | None = None
+        # Since the last record: the valid tokens' lags (updates behind the one that trains
+        # them) summed, their count and largest, and the answers whose tokens span versions.
+        self._token_lag = np.zeros(3, np.int64)
+        self._answers_across_versions = 0
 
     def receive(self, summary: dict[str, np.ndarray]) -> None:
         """Count one segment's summary (`response_tokens`, `episode_success`, `valid`,
@@ -56,6 +60,19 @@ class TextCounters:
             self._term_counts += given.sum(axis=0)
             self._term_failures += summary["reward_failed"][valid].sum(axis=0).astype(np.int64)
 
+    def token_versions(self, update: int, versions: np.ndarray, valid: np.ndarray) -> None:
+        """Count a round's tokens by the version each was drawn under (`token_version`
+        `[T, B, M]`, -1 after an answer; `valid` `[T, B]`), for update `update`."""
+        real = (versions >= 0) & valid[..., None]
+        lags = (update - versions)[real]
+        if lags.size:
+            self._token_lag += [int(lags.sum()), lags.size, 0]
+            self._token_lag[2] = max(self._token_lag[2], int(lags.max()))
+        spans = np.where(real, versions, np.iinfo(np.int32).max).min(axis=-1) < np.where(
+            real, versions, -1
+        ).max(axis=-1)
+        self._answers_across_versions += int(spans.sum())
+
     @property
     def accuracy(self) -> float:
         """The fraction of the window's episodes that met their goal (NaN before any ended)."""
@@ -70,6 +87,13 @@ class TextCounters:
             terms[f"reward/{name}/mean"] = self._term_sums[j] / count if count else float("nan")
             terms[f"reward/{name}/failures"] = int(self._term_failures[j])
         self._term_sums[:], self._term_counts[:], self._term_failures[:] = 0.0, 0, 0
+        lag_sum, lag_count, lag_max = self._token_lag.tolist()
+        terms |= {
+            "token_lag_mean": lag_sum / lag_count if lag_count else 0.0,
+            "token_lag_max": lag_max,
+            "answers_across_versions": self._answers_across_versions,
+        }
+        self._token_lag[:], self._answers_across_versions = 0, 0
         return terms | {
             "accuracy": self.accuracy,
             "tokens_generated": self._before_tokens.received + self.received_tokens,

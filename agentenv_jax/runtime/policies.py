@@ -71,6 +71,7 @@ def build_actor_policy(config, topology, spaces, network=None, layout=None):
             topology.local_num_envs[index],
             length_bucket=getattr(config.algorithm, "length_bucket", 0),
             generation_slots=config.network.language_model.generation_slots,
+            partial_rollout_steps=getattr(config.algorithm, "partial_rollout_steps", 0),
         )
     if layout is None:
         network = network or actor_critic_network(config, spaces)

@@ -114,6 +114,30 @@ def check_text_settings(config: ExperimentConfig, spaces: EnvSpaces) -> None:
             f"env.id = {env_id!r} observes token ids: env.normalize_obs = true is not allowed "
             "(set it false)"
         )
+    if algo.partial_rollout_steps:
+        needs = [
+            (algo.max_policy_lag > 0, "algorithm.max_policy_lag", algo.max_policy_lag, "> 0"),
+            (
+                config.topology.inference == "env_ranks",
+                "topology.inference",
+                config.topology.inference,
+                "'env_ranks'",
+            ),
+            (
+                not config.network.language_model.generation_slots,
+                "network.language_model.generation_slots",
+                config.network.language_model.generation_slots,
+                "0",
+            ),
+            (not config.env.normalize_reward, "env.normalize_reward", True, "false"),
+        ]
+        for ok, field, value, allowed in needs:
+            if not ok:
+                raise EnvError(
+                    f"algorithm.partial_rollout_steps = {algo.partial_rollout_steps} needs "
+                    f"{field} {allowed} (got {value!r}): answers continue under new parameters "
+                    "on env ranks that run ahead, each generating its own batch"
+                )
     message = spaces.text.context_length + spaces.text.response_length
     if 0 < algo.packed_row_length < message:
         raise EnvError(
