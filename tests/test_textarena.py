@@ -212,6 +212,28 @@ def test_a_frozen_opponent_plays_the_other_seat_and_the_seats_alternate_between_
     assert "agent: [4]" in env.transcript(0) and len(calls) == 3
 
 
+def test_envs_whose_message_a_step_ignores_are_generated_one_token():
+    """`row_sampling()` before each step: the policy's whole answer where the step takes the
+    env's message, one token where it ignores it (the frozen opponent's seat, the other seat's
+    turn, a game waiting for its round), so that padding is not decoded to its end."""
+    env = tictactoe(episode_groups=True, opponent="initial", max_turns=6)
+    env.frozen_opponent = lambda obs, rows: byte_messages(["[0]", "[1]", "[2]"][:1] * rows.size)
+    env.reset(seed=0)
+    moves = iter(["[0]", "[1]", "[2]", "[6]", "[7]", "[5]", "[3]", "[4]"])
+    ignored_seen = taken_seen = 0
+    for _ in range(12):
+        sampling = env.row_sampling()
+        _, _, _, _, info = env.step(byte_messages([next(moves, "[8]")] * 4))
+        taken = info["agent_acted"] & (info["response_tokens"] > 0)  # the policy's message
+        whole = np.ones(4, bool) if sampling is None else np.isinf(sampling[:, 2])
+        np.testing.assert_array_equal(whole, taken)
+        if sampling is not None:
+            assert (sampling[~whole, 2] == 1).all() and (sampling[:, :2] == 1).all()
+        ignored_seen += int((~whole).sum())
+        taken_seen += int(whole.sum())
+    assert ignored_seen and taken_seen
+
+
 def test_frozen_opponents_refused_where_they_cannot_play(tmp_path):
     with pytest.raises(EnvError, match=r"opponent = 'past': expected one of self, initial"):
         tictactoe(opponent="past")
@@ -316,6 +338,10 @@ def test_tictactoe_against_a_frozen_opponent_trains_the_policy_seats_only(tmp_pa
     assert summary["updates"] == 1
     assert summary["episode_accounting"]["trained"] == 4 * summary["updates"]
     assert all(0 <= record["accuracy"] <= 1 for record in records)
+    # The opponent's seats and the policy's off-turn steps are generated one token
+    # (`TextVectorEnv.row_sampling`): 0.15 of the tokens decoded were moves, 0.083 when every
+    # row was decoded to its end.
+    assert records[0]["generation_utilisation"] > 0.12
     # The policy's seat alternates from block to block (and game to game): each update has
     # both seats' returns.
     for record in records:

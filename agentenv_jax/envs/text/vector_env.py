@@ -13,6 +13,7 @@ import numpy as np
 from agentenv_jax.envs.multi_agent.columns import ACTED
 from agentenv_jax.envs.spaces import EnvError, TextSpec
 from agentenv_jax.envs.text.padding import message_lengths
+from agentenv_jax.envs.text.row_sampling import default_sampling
 from agentenv_jax.envs.text.tasks import (
     Prompt,
     TaskReply,
@@ -347,6 +348,20 @@ class TextVectorEnv(gym.vector.VectorEnv):
             close = getattr(task, "close", None)
             if callable(close):
                 close()
+
+    def row_sampling(self) -> np.ndarray | None:
+        """`float32 [E, 3]` (`envs.text.row_sampling`) for the next step, or None where
+        every env takes its message: the policy's own sampling, but one token for an env
+        whose message the step ignores (a round's waiting step, the other seat's turn, a
+        frozen opponent's seat): it is padding, never trained, and would otherwise be decoded
+        to its end, most of a game's generation (TicTacToe against a frozen opponent: 6 % of
+        the tokens decoded were moves)."""
+        ignored = ~(~self._waiting & self._acting() & ~self._opponent_seats())
+        if not ignored.any():
+            return None
+        sampling = default_sampling(self.num_envs)
+        sampling[ignored, 2] = 1
+        return sampling
 
     def _acting(self) -> np.ndarray:
         """bool `[E]`: the envs whose task takes a message now (a seat whose turn it is)."""
