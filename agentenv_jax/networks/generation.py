@@ -187,15 +187,7 @@ def generate(
     done = jnp.zeros((batch,), bool)
     carry = (start, done, _empty_outputs(response_length, batch, pad_id), tokens, mask)
     _, _, outputs, *_ = jax.lax.while_loop(answering, uncached_step, carry)
-    # Written [M, B], step by step.
-    tokens, log_probs, sampler_log_probs, values, alive = (x.T for x in outputs)
-    return Generation(
-        tokens=tokens,
-        log_probs=log_probs,
-        values=values.astype(jnp.float32),
-        mask=alive.astype(jnp.float32),
-        sampler_log_probs=sampler_log_probs,
-    )
+    return _generation(tuple(x.T for x in outputs))  # written [M, B], step by step
 
 
 class RowSampling(NamedTuple):
@@ -304,6 +296,19 @@ def _empty_outputs(response_length: int, batch: int, pad_id: int) -> tuple:
         jnp.zeros((response_length, batch), jnp.float32),
         jnp.zeros((response_length, batch), jnp.float32),
         jnp.zeros((response_length, batch), bool),
+    )
+
+
+def _generation(outputs: tuple) -> Generation:
+    """The `Generation` of outputs `(tokens, log_probs, sampler_log_probs, values, alive)`,
+    each `[B, M]`."""
+    tokens, log_probs, sampler_log_probs, values, alive = outputs
+    return Generation(
+        tokens=tokens,
+        log_probs=log_probs,
+        values=values.astype(jnp.float32),
+        mask=alive.astype(jnp.float32),
+        sampler_log_probs=sampler_log_probs,
     )
 
 
@@ -426,14 +431,7 @@ def _decode_until(
 def decoded(state: DecodingState) -> Generation:
     """The `Generation` of the tokens `state` holds (its outputs, written `[M, B]` step by
     step); `decoded_versions(state)` gives each token's parameter version."""
-    tokens, log_probs, sampler_log_probs, values, alive = (x.T for x in state.outputs)
-    return Generation(
-        tokens=tokens,
-        log_probs=log_probs,
-        values=values.astype(jnp.float32),
-        mask=alive.astype(jnp.float32),
-        sampler_log_probs=sampler_log_probs,
-    )
+    return _generation(tuple(x.T for x in state.outputs))
 
 
 def decoded_versions(state: DecodingState) -> jax.Array:
@@ -510,13 +508,8 @@ def _generate_in_slots(
     cache, logits, value = lm.prefill(params, context[:slots], context_mask[:slots], cache)
     slot_row = jnp.arange(slots, dtype=jnp.int32)
     slot_step = jnp.zeros((slots,), jnp.int32)
-    outputs = (
-        jnp.full((batch, response_length), pad_id, jnp.int32),
-        jnp.zeros((batch, response_length), jnp.float32),
-        jnp.zeros((batch, response_length), jnp.float32),
-        jnp.zeros((batch, response_length), jnp.float32),
-        jnp.zeros((batch, response_length), bool),
-    )
+    # [B, M]: written at each slot's row and step.
+    outputs = tuple(x.T for x in _empty_outputs(response_length, batch, pad_id))
 
     def refill(state: tuple) -> tuple:
         """The next waiting row prefilled into the first free slot."""
@@ -569,12 +562,4 @@ def _generate_in_slots(
         return jnp.any(carry[0] < none)
 
     carry = (slot_row, slot_step, jnp.int32(slots), outputs, cache, logits, value)
-    outputs = jax.lax.while_loop(answering, step, carry)[3]
-    tokens, log_probs, sampler_log_probs, values, alive = outputs
-    return Generation(
-        tokens=tokens,
-        log_probs=log_probs,
-        values=values,
-        mask=alive.astype(jnp.float32),
-        sampler_log_probs=sampler_log_probs,
-    )
+    return _generation(jax.lax.while_loop(answering, step, carry)[3])
