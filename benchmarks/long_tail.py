@@ -27,6 +27,7 @@ for `slots_packed`).
     python benchmarks/long_tail.py                       # 4 updates a side, all four sides
     python benchmarks/long_tail.py --updates 2 --sides static slots_packed   # a quick look
     python benchmarks/long_tail.py --slots 32 --set env.global_num_envs=64   # an accelerator
+    python benchmarks/long_tail.py --report RUNS --sides static packed   # kept runs' table
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ from pathlib import Path
 from typing import Any
 
 import common
+import numpy as np
 
 from agentenv_jax.config import load_config
 
@@ -62,6 +64,7 @@ def per_update(run_dir: Path) -> dict[str, Any]:
     metrics = common.read_jsonl(run_dir / "metrics.jsonl")
     ends = [t["wall_s"] for t in timings]
     seconds = [b - a for a, b in zip(ends, ends[1:], strict=False)]
+    generated = [m["tokens_generated"] for m in metrics]  # the run's, so far
     later_timings, later_metrics = timings[1:], metrics[1:]
     out: dict[str, Any] = {
         "first_update_s": ends[0],
@@ -69,7 +72,8 @@ def per_update(run_dir: Path) -> dict[str, Any]:
         "s_per_update": common.median(seconds),
         "generate_s": common.median([t["time/actor_inference_s"] for t in later_timings]),
         "learner_update_s": common.median([t["time/learner_update_s"] for t in later_timings]),
-        "tokens_per_update": common.median([m["tokens_generated"] for m in later_metrics]),
+        "tokens_per_update": float(common.median(list(np.diff(generated)))),
+        "answer_tokens_mean": common.median([m["response_length_mean"] for m in later_metrics]),
         "reward": [m["episode_return_mean"] for m in metrics],
     }
     for name in MEASURES:
@@ -89,6 +93,9 @@ def main() -> None:
     parser.add_argument("--response-length", type=int, default=256, help="answer tokens, at most")
     parser.add_argument("--slots", type=int, default=8, help="generation_slots of slots sides")
     parser.add_argument("--sides", nargs="+", choices=list(SIDES), default=list(SIDES))
+    parser.add_argument(
+        "--report", type=Path, help="print the table of the runs kept in this folder, no training"
+    )
     args = parser.parse_args()
     if args.updates < 2:
         parser.error("--updates must be >= 2 (the first update holds the compiles)")
@@ -102,6 +109,10 @@ def main() -> None:
         f"overrides {args.set or 'none'}"
     )
     print(common.provenance(), flush=True)
+    if args.report is not None:
+        results = {side: per_update(args.report / side) for side in args.sides}
+        report(args, results)
+        return
     results: dict[str, dict[str, Any]] = {}
     with common.runs_folder(args.keep_runs, "agentenv_long_tail_") as root:
         data = root / "data"
@@ -127,10 +138,16 @@ def main() -> None:
             _, wall = common.run_job(command, side, args.timeout, OFFLINE)
             results[side] = per_update(root / side) | {"wall_s": wall}
             print(f"  {side}: {wall:.0f} s", flush=True)
+    report(args, results)
+
+
+def report(args: Any, results: dict[str, dict[str, Any]]) -> None:
+    """The table of each side against static, and the JSON file."""
     base = results["static"]["s_per_update"]
     print()
     common.print_header(
         f"{'side':>12} | {'s/update':>8} | {'generate':>8} | {'update':>8} | {'tokens':>6} | "
+        f"{'answer':>6} | "
         f"{'gen util':>8} | {'padding':>7} | {'packed':>6} | {'ratio':>5}"
     )
     for side, r in results.items():
@@ -139,6 +156,7 @@ def main() -> None:
         print(
             f"{side:>12} | {r['s_per_update']:8.1f} | {r['generate_s']:8.1f} | "
             f"{r['learner_update_s']:8.1f} | {r['tokens_per_update']:6.0f} | "
+            f"{r['answer_tokens_mean']:6.1f} | "
             f"{r['generation_utilisation']:8.3f} | {r['update_padding_fraction']:7.3f} | "
             f"{r['packed_padding_fraction']:6.3f} | {ratio:5.2f}{verdict}"
         )
