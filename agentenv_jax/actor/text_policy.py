@@ -71,20 +71,27 @@ class TextPolicy:
         base = jax.random.PRNGKey(seed)
         generate_text = text_generate(lm, text)
 
-        def act(flat_params, context, rows, sampling):
-            # One batched generation with a key per row (not a vmap of one-row generations,
-            # whose loop counters would be batched too, making every cache write a scatter).
+        def row_settings(rows, sampling) -> dict:
+            """A key per row, from its noise row `(env, call)`, and its sampling as
+            `generate` takes it."""
             keys = jax.vmap(
                 lambda row: jax.random.fold_in(jax.random.fold_in(base, row[0]), row[1])
             )(rows)
-            out = generate_text(
-                unravel(flat_params),
-                context,
-                keys,
+            return dict(
+                key=keys,
                 temperature=sampling[:, 0],
                 top_p=sampling[:, 1],
                 # inf (no limit of the row's own) is the response length, before the cast.
                 max_new_tokens=jnp.minimum(sampling[:, 2], text.response_length).astype(jnp.int32),
+            )
+
+        def act(flat_params, context, rows, sampling):
+            # One batched generation with a key per row (not a vmap of one-row generations,
+            # whose loop counters would be batched too, making every cache write a scatter).
+            out = generate_text(
+                unravel(flat_params),
+                context,
+                **row_settings(rows, sampling),
                 slots=generation_slots or None,  # continuous batching, below the call's rows
             )
             # The behaviour log-probs: the sampler's, the policy's own at the default sampling.
@@ -108,20 +115,14 @@ class TextPolicy:
         self.token_versions: np.ndarray | None = None
 
         def start(flat_params, context, rows, sampling, version):
-            keys = jax.vmap(
-                lambda row: jax.random.fold_in(jax.random.fold_in(base, row[0]), row[1])
-            )(rows)
             return start_decoding(
                 lm,
                 unravel(flat_params),
                 context,
-                keys,
                 response_length=text.response_length,
                 pad_id=text.pad_id,
-                temperature=sampling[:, 0],
-                top_p=sampling[:, 1],
-                max_new_tokens=jnp.minimum(sampling[:, 2], text.response_length).astype(jnp.int32),
                 version=version,
+                **row_settings(rows, sampling),
             )
 
         def proceed(flat_params, state, version):
