@@ -307,12 +307,11 @@ class Actor:
             action_rows[t] = action
             log_prob_rows[t] = log_prob
             value_rows[t] = value
-            if self._text:
-                self._write_token_versions(fields, t, info["response_tokens"])
             terminated = np.asarray(terminated, dtype=bool)
             truncated = np.asarray(truncated, dtype=bool)
             if self._text:
                 fields["response_tokens"][t] = info["response_tokens"]
+                self._write_token_versions(fields, t, info["response_tokens"])
                 if reward_terms:
                     fields["reward_terms"][t] = info["reward_terms"]
                     fields["reward_failed"][t] = info["reward_failed"]

@@ -68,10 +68,9 @@ class TextCounters:
         if lags.size:
             self._token_lag += [int(lags.sum()), lags.size, 0]
             self._token_lag[2] = max(self._token_lag[2], int(lags.max()))
-        spans = np.where(real, versions, np.iinfo(np.int32).max).min(axis=-1) < np.where(
-            real, versions, -1
-        ).max(axis=-1)
-        self._answers_across_versions += int(spans.sum())
+        oldest = np.where(real, versions, np.iinfo(np.int32).max).min(axis=-1)
+        newest = np.where(real, versions, -1).max(axis=-1)
+        self._answers_across_versions += int(np.count_nonzero(oldest < newest))
 
     @property
     def accuracy(self) -> float:
