@@ -98,9 +98,9 @@ def _open(path: str | Path) -> Any:
     try:
         return open_gguf(path)
     except (ValueError, KeyError, OSError) as err:
-        # A truncated file fails where its tensors would lie past its end, as a reshape.
+        # A truncated file fails at the first tensor that lies past its end (or in its header).
         raise ConfigError(
-            f"{path}: not a readable GGUF file, truncated or damaged (gguf: {err})"
+            f"{path}: not a readable GGUF file, truncated or damaged ({err})"
         ) from None
 
 
