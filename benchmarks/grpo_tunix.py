@@ -46,8 +46,10 @@ apart from ours.
 
 With answers of hundreds of tokens a minibatch's full-vocabulary logits outgrow memory (16
 answers of 512 ids: 1.6 GB a copy in float32; 24 GB was not enough for Tunix's loss and its
-backward): `--micro-batch 1` runs a question's answers at a time, Tunix accumulating the
-gradients over the minibatch's questions for its one optimizer step.
+backward): `--micro-batch 1` runs a question's answers at a time through the reference's pass
+and the policy's forward and backward, Tunix accumulating the gradients over the minibatch's
+questions for its one optimizer step; generation still takes the minibatch's 16 answers at once
+(`rollout_micro_batch_size`).
 
 Clock: seconds from the start of `GRPOLearner.train` to the end of each optimizer step (a
 `TrainingHooks.on_train_end` of the actor trainer, which Tunix calls after waiting for the step's
@@ -248,8 +250,9 @@ def run(args) -> dict[str, Any]:
     ]
 
     class Clock(hooks.TrainingHooks):
-        """Seconds from `begin` to the end of each optimizer step (each actor `train` call is
-        one minibatch, one step; Tunix waits for its computations before `on_train_end`)."""
+        """Seconds from `begin` to the end of each actor `train` call: one per micro-batch,
+        the last of a minibatch ending its optimizer step (Tunix waits for its computations
+        before `on_train_end`)."""
 
         def __init__(self):
             self.begin = 0.0
@@ -342,6 +345,10 @@ def run(args) -> dict[str, Any]:
             max_steps=args.updates * steps,
             mini_batch_size=questions_per_update // steps,
             train_micro_batch_size=args.micro_batch or questions_per_update // steps,
+            # Generation still takes a minibatch's answers at once; the reference's pass, the
+            # micro-batch's.
+            rollout_micro_batch_size=questions_per_update // steps,
+            compute_logps_micro_batch_size=args.micro_batch or questions_per_update // steps,
             pbar_description=None,
         ),
         rollout_config=base_rollout.RolloutConfig(
@@ -374,9 +381,10 @@ def run(args) -> dict[str, Any]:
     clock.begin = time.perf_counter()
     learner.train(dataset)
     per_update = len(rewards) // args.updates
+    calls = len(clock.step_ends) // args.updates  # actor train calls: one per micro-batch
     return {
         "step_ends_s": clock.step_ends,
-        "update_ends_s": clock.step_ends[steps - 1 :: steps],
+        "update_ends_s": clock.step_ends[calls - 1 :: calls],
         "generation_rewards": rewards,
         "scored_at_s": scored_at,
         "first_answers": samples,
