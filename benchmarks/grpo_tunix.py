@@ -409,12 +409,15 @@ def main() -> None:
     ends = result["update_ends_s"]
     durations = [ends[0]] + [b - a for a, b in itertools.pairwise(ends)]
     median = common.median(durations[1:])
-    # Each optimizer step's share: from the previous step's end to the scoring of its answers
-    # (generation and the reference's log-probs), then to its end (the policy's forward and
-    # backward and Adam).
-    starts = [0.0, *result["step_ends_s"][:-1]]
-    sampled = [b - a for a, b in zip(starts, result["scored_at_s"], strict=True)]
-    trained = [b - a for a, b in zip(result["scored_at_s"], result["step_ends_s"], strict=True)]
+    # Each generation's share: from the end of the previous one's train calls to the scoring
+    # of its answers (generation and the reference's log-probs), then to the end of its last
+    # train call (the policy's forward and backward and Adam).
+    scored = result["scored_at_s"]
+    calls = len(result["step_ends_s"]) // len(scored)  # train calls per generation
+    ends_of_generations = result["step_ends_s"][calls - 1 :: calls]
+    starts = [0.0, *ends_of_generations[:-1]]
+    sampled = [b - a for a, b in zip(starts, scored, strict=True)]
+    trained = [b - a for a, b in zip(scored, ends_of_generations, strict=True)]
     steps = len(sampled) // args.updates
     print(
         f"devices {result['devices']}, {result['adapter_parameters']} adapter parameters, "
