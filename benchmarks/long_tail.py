@@ -14,6 +14,11 @@ other, `agentenv train` as a user runs it. The sides:
 - `packed`: `algorithm.packed_row_length` = context + response length.
 - `slots`: `generation_slots` = `--slots` (8): the 16 answers through 8 rows of KV cache.
 - `slots_packed`: both.
+- `async`: `mpiexec -n 2` (a learner and an env rank) with `algorithm.max_policy_lag` = 1, the
+  env rank generating the next round while the learner updates; packed updates.
+- `async_partial`: the same with partial rollouts (`algorithm.partial_rollout_steps` =
+  `--partial-steps`, 32): answers in flight when new parameters arrive continue under them.
+  (Partial rollouts take the env rank's own batch: no slots.)
 
 Each side's per-update seconds are the differences of `timings.jsonl`'s `wall_s` (seconds since
 the run's session started, at the end of each update); the first update, which holds the XLA
@@ -22,10 +27,13 @@ generating on the env rank, updating on the learner) and its padding measures
 (`generation_utilisation`, `update_padding_fraction`, `packed_padding_fraction`) are the
 medians of the same updates. Every side samples the same answers at the same seed (each env's
 key is its own), up to float rounding. The ratio is static s/update / the side's (goal >= 2
-for `slots_packed`).
+for `slots_packed`). The async sides' answers differ from the others' after their first
+update (one update behind: its tokens sampled by older parameters), so their rewards are not
+comparable update by update.
 
-    python benchmarks/long_tail.py                       # 4 updates a side, all four sides
+    python benchmarks/long_tail.py                       # 4 updates a side, every side
     python benchmarks/long_tail.py --updates 2 --sides static slots_packed   # a quick look
+    python benchmarks/long_tail.py --sides static async async_partial  # partial rollouts
     python benchmarks/long_tail.py --slots 32 --set env.global_num_envs=64   # an accelerator
     python benchmarks/long_tail.py --report RUNS --sides static packed   # kept runs' table
 """
@@ -51,8 +59,21 @@ SIDES = {
         f"network.language_model.generation_slots={args.slots}",
         f"algorithm.packed_row_length={args.row_length}",
     ],
+    "async": lambda args: [
+        "algorithm.max_policy_lag=1",
+        f"algorithm.packed_row_length={args.row_length}",
+    ],
+    "async_partial": lambda args: [
+        "algorithm.max_policy_lag=1",
+        f"algorithm.packed_row_length={args.row_length}",
+        f"algorithm.partial_rollout_steps={args.partial_steps}",
+    ],
 }
+RANKS = {"async": 2, "async_partial": 2}  # the others: one process
 MEASURES = ("generation_utilisation", "update_padding_fraction", "packed_padding_fraction")
+# Of the async sides (NaN on the others): the mean age of a trained token in updates, and the
+# answers an update trained whose tokens span parameter versions.
+LAG_MEASURES = ("policy_lag_mean", "token_lag_mean", "answers_across_versions")
 OFFLINE = {"HF_HUB_OFFLINE": "1"}
 GOAL = 2.0
 
@@ -76,7 +97,7 @@ def per_update(run_dir: Path) -> dict[str, Any]:
         "answer_tokens_mean": common.median([m["response_length_mean"] for m in later_metrics]),
         "reward": [m["episode_return_mean"] for m in metrics],
     }
-    for name in MEASURES:
+    for name in MEASURES + LAG_MEASURES:
         out[name] = common.median([m[name] for m in later_metrics if name in m])
     return out
 
@@ -92,6 +113,9 @@ def main() -> None:
     parser.add_argument("--updates", type=int, default=4, help="updates a side (>= 2)")
     parser.add_argument("--response-length", type=int, default=256, help="answer tokens, at most")
     parser.add_argument("--slots", type=int, default=8, help="generation_slots of slots sides")
+    parser.add_argument(
+        "--partial-steps", type=int, default=32, help="partial_rollout_steps of async_partial"
+    )
     parser.add_argument("--sides", nargs="+", choices=list(SIDES), default=list(SIDES))
     parser.add_argument(
         "--report", type=Path, help="print the table of the runs kept in this folder, no training"
@@ -135,6 +159,8 @@ def main() -> None:
         for side in args.sides:
             settings = [*shared, *SIDES[side](args), *common.run_settings(root, side)]
             command = common.train_command(args.config, settings)
+            if RANKS.get(side, 1) > 1:
+                command = common.under_mpiexec(RANKS[side], command)
             _, wall = common.run_job(command, side, args.timeout, OFFLINE)
             results[side] = per_update(root / side) | {"wall_s": wall}
             print(f"  {side}: {wall:.0f} s", flush=True)
@@ -160,6 +186,13 @@ def report(args: Any, results: dict[str, dict[str, Any]]) -> None:
             f"{r['generation_utilisation']:8.3f} | {r['update_padding_fraction']:7.3f} | "
             f"{r['packed_padding_fraction']:6.3f} | {ratio:5.2f}{verdict}"
         )
+    for side, r in results.items():
+        if side in RANKS:
+            print(
+                f"{side}: policy lag {r['policy_lag_mean']:.2f}, token lag "
+                f"{r['token_lag_mean']:.2f} updates, {r['answers_across_versions']:.0f} answers an "
+                "update across parameter versions (medians over updates 2..N)"
+            )
     common.save_json(
         args.json,
         {
