@@ -2,7 +2,8 @@
 model loaded from its folder, gives the same result on 1 device and on a `{data: 2, model: 4}`
 mesh of 8 host devices, where each device holds about a quarter of the parameters, reference
 parameters and Adam moments (FSDP), placed there as the learner places them (the host weights
-straight onto their shards).
+straight onto their shards); and so does the update on packed minibatches
+(`algorithm.packed_row_length`), its rows split over the data axis.
 
 XLA's host-device count is fixed when the backend starts, so the comparison runs in a fresh
 interpreter with `--xla_force_host_platform_device_count=8`; both meshes live in that process.
@@ -17,6 +18,10 @@ import sys
 
 import numpy as np
 import pytest
+from jax.sharding import PartitionSpec
+
+from agentenv_jax.learner.loop import rollout_shardings
+from agentenv_jax.parallel.mesh import make_mesh
 
 from conftest import REPO, require_reference
 
@@ -30,7 +35,8 @@ import jax, jax.numpy as jnp, numpy as np, optax
 from agentenv_jax.learner.loop import initial_state, jit_sharded_update
 from agentenv_jax.learner.on_policy_model import OnPolicyModel
 from agentenv_jax.learner.text_training import language_model_training
-from agentenv_jax.parallel.mesh import make_mesh, row_constraint
+from agentenv_jax.networks.packing import packed_minibatches
+from agentenv_jax.parallel.mesh import BATCH_AXIS, make_mesh, row_constraint
 from agentenv_jax.parallel.partitioning import check_model_axis_divides, state_shardings
 from test_token_ppo import TEXT, make_text_rollout, rescored, scoring_model, text_config
 
@@ -42,6 +48,7 @@ if sys.argv[2]:  # a pretrained model's folder
         language_model=dataclasses.replace(config.network.language_model, pretrained=sys.argv[2]),
     )
     config = dataclasses.replace(config, network=network)
+packed = sys.argv[3] == "packed"
 lm = scoring_model(config.network.language_model)
 arrays, results = {}, {}
 for name, (n, model) in {"one": (1, 1), "data2_model4": (8, 4)}.items():
@@ -52,9 +59,18 @@ for name, (n, model) in {"one": (1, 1), "data2_model4": (8, 4)}.items():
     )
     check_model_axis_divides(abstract.params, model)
     shardings = state_shardings(mesh, abstract)
-    update = jit_sharded_update(trained.update, mesh, shardings)
+    update = jit_sharded_update(trained.update, mesh, shardings, None, packed, packed)
     params = trained.init_params(jax.random.PRNGKey(0))
     rollout = make_text_rollout(lm, params, seed=0)
+    if packed:  # as the learner packs them: rows split over the data axis, whole messages
+        rows = lambda x: x.reshape((-1,) + x.shape[2:])
+        plan = packed_minibatches(
+            rows(rollout["obs"]), rows(rollout["action"]), rows(rollout["valid"]) > 0,
+            TEXT.pad_id, TEXT.eos_id, TEXT.context_length + TEXT.response_length,
+            config.algorithm.num_epochs, config.algorithm.num_minibatches,
+            np.random.default_rng(0), row_multiple=mesh.shape[BATCH_AXIS],
+        )
+        rollout = rollout | plan
     state = initial_state(
         trained, mesh, shardings, jax.random.PRNGKey(0), jax.random.PRNGKey(1)
     )
@@ -93,6 +109,7 @@ for name, (n, model) in {"one": (1, 1), "data2_model4": (8, 4)}.items():
         "held_fraction": held,
         "per_device": per_device,
         "param_count": sum(leaf.size for leaf in jax.tree.leaves(state.params)),
+        "packed_rows": rollout["packed_tokens"].shape[2] if packed else 0,
     }
 np.savez(sys.argv[1], **arrays)
 print("RESULT" + json.dumps(results))
@@ -135,15 +152,24 @@ def _run_with_eight_host_devices(script: str, out: str, *args: str) -> dict:
     return json.loads(line[len("RESULT") :])
 
 
-@pytest.mark.parametrize("family", ["from_scratch", "llama"])
+@pytest.mark.parametrize(
+    "family, packing",
+    [("from_scratch", ""), ("llama", ""), ("llama", "packed")],
+    ids=["from_scratch", "llama", "llama_packed"],
+)
 def test_token_ppo_update_on_a_data2_model4_mesh_equals_one_device_and_shards_the_state(
-    family, tmp_path
+    family, packing, tmp_path
 ):
     out = tmp_path / "arrays.npz"
     folder = _llama_folder(tmp_path / "llama") if family == "llama" else ""
-    results = _run_with_eight_host_devices(SCRIPT, str(out), folder)
+    results = _run_with_eight_host_devices(SCRIPT, str(out), folder, packing)
     arrays = np.load(out)
     one, fsdp = results["one"], results["data2_model4"]
+    if packing:
+        # The data axis's two devices split each minibatch's packed rows: an even count.
+        assert fsdp["packed_rows"] % 2 == 0 and fsdp["packed_rows"] >= one["packed_rows"] > 0
+        spec = rollout_shardings(make_mesh(1), True, True)["packed_tokens"].spec
+        assert spec == PartitionSpec(None, None, "data")
     assert one["mesh_shape"] == {"data": 1} and fsdp["mesh_shape"] == {"data": 2, "model": 4}
     assert one["update_count"] == fsdp["update_count"] == 3
     leaves = sorted({key.split("/", 2)[2] for key in arrays if key.startswith("one/params/")})

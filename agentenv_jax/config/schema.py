@@ -302,7 +302,8 @@ class PPOConfig:
     length_bucket: int = 0  # text envs: tokens (0: the configured lengths)
     # Sequence packing: each minibatch's messages laid end to end in rows of this many tokens,
     # no padding computed in the gradient steps; at least the env's context + response length
-    # (one learner device; each new number of rows compiles the update once).
+    # (one learner process, its devices splitting the rows; each new number of rows compiles
+    # the update once).
     packed_row_length: int = 0  # text envs: tokens (0: padded minibatches)
 
     def validate(self, prefix: str) -> None:

@@ -15,7 +15,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from jax.experimental import multihost_utils
-from jax.sharding import Mesh, PartitionSpec
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from agentenv_jax.algorithms.ppo import (
     TrainState,
@@ -52,8 +52,9 @@ from agentenv_jax.metrics.logger import (
 from agentenv_jax.metrics.process_usage import env_rank_usage
 from agentenv_jax.metrics.text import TextCounters
 from agentenv_jax.networks.flat_params import FlatLayout
-from agentenv_jax.networks.packing import PACKED_FIELDS, packed_minibatches
+from agentenv_jax.networks.packing import PACKED_FIELDS, PACKED_ROW_AXES, packed_minibatches
 from agentenv_jax.parallel.mesh import (
+    BATCH_AXIS,
     env_axis_sharding,
     make_mesh,
     place_on_mesh,
@@ -139,12 +140,18 @@ def rollout_shapes(segment_specs: list[MessageSpec]) -> dict[str, jax.ShapeDtype
 
 def rollout_shardings(mesh: Mesh, text: bool = False, packed: bool = False) -> dict[str, Any]:
     """Each rollout field's sharding (a text env's with `text`): the env axis split over the
-    mesh; a packed update's minibatches (`packed`: one device) replicated."""
+    mesh; a packed update's rows (`packed`) split over its batch axis, their indices whole."""
     return (
         {name: env_axis_sharding(mesh, 2) for name in rollout_fields(text)}
         | {name: env_axis_sharding(mesh, 1) for name in ROLLOUT_LAST_FIELDS}
-        | {name: replicated(mesh) for name in (PACKED_FIELDS if packed else ())}
+        | {name: _packed_sharding(mesh, name) for name in (PACKED_FIELDS if packed else ())}
     )
+
+
+def _packed_sharding(mesh: Mesh, name: str) -> NamedSharding:
+    if name not in PACKED_ROW_AXES:
+        return replicated(mesh)
+    return NamedSharding(mesh, PartitionSpec(*[None] * PACKED_ROW_AXES[name], BATCH_AXIS))
 
 
 def jit_sharded_update(
@@ -246,11 +253,11 @@ class Learner:
         self._packed_row_length = (
             getattr(config.algorithm, "packed_row_length", 0) if spaces.text else 0
         )
-        if self._packed_row_length and (self.mesh.devices.size > 1 or spans_processes(self.mesh)):
+        if self._packed_row_length and spans_processes(self.mesh):
             raise ConfigError(
                 f"algorithm.packed_row_length = {self._packed_row_length}: packed minibatches "
-                f"run on one learner device, and this learner's mesh has "
-                f"{self.mesh.devices.size}; set topology.learner_devices = 1 (one learner), or "
+                "are packed by one learner process (its devices split the rows), and this "
+                "run's learner mesh spans several; run one learner process, or set "
                 "packed_row_length = 0"
             )
         jitted_update = jit_sharded_update(
@@ -618,6 +625,7 @@ class Learner:
             algo.num_epochs,
             algo.num_minibatches,
             np.random.default_rng([self.config.run.seed, self.updates]),
+            row_multiple=self.mesh.shape[BATCH_AXIS],
         )
 
     def _padding_measures(

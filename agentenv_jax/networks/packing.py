@@ -95,6 +95,14 @@ def pack_rows(
 PACKED_ROW_FIELDS = ("packed_tokens", "packed_segments", "packed_rows", "packed_columns")
 PACKED_MESSAGE_FIELDS = tuple(f"all_{name}" for name in PACKED_ROW_FIELDS)
 PACKED_FIELDS = ("minibatch_orders", *PACKED_ROW_FIELDS, *PACKED_MESSAGE_FIELDS)
+# The fields whose rows a learner's devices split (a minibatch's `[E, K, R, P]` on R, every
+# message's `[R, P]` on R); the others are indices into them, kept whole on every device.
+PACKED_ROW_AXES = {
+    "packed_tokens": 2,
+    "packed_segments": 2,
+    "all_packed_tokens": 0,
+    "all_packed_segments": 0,
+}
 
 
 def packed_minibatches(
@@ -108,6 +116,7 @@ def packed_minibatches(
     num_minibatches: int,
     rng: np.random.Generator,
     row_bucket: int | None = None,
+    row_multiple: int = 1,
 ) -> dict[str, np.ndarray]:
     """An update's minibatches over the messages `context` `[N, L]` and `response` `[N, M]`,
     each packed (`pack_rows`, the messages `keep` marks): `minibatch_orders` `int32 [E, K, n]`
@@ -117,7 +126,8 @@ def packed_minibatches(
     up to a multiple of `row_bucket` (default: an eighth of n, so that R takes at most 8
     values over a run: each new R compiles the update once). The `all_` fields
     (`PACKED_MESSAGE_FIELDS`) are the N messages packed at once, their rows rounded up to a
-    multiple of an eighth of N."""
+    multiple of an eighth of N. Every row count is also a multiple of `row_multiple` (the
+    devices that split the rows: `PACKED_ROW_AXES`)."""
     total = len(context)
     size = total // num_minibatches
     orders = np.stack(
@@ -131,12 +141,13 @@ def packed_minibatches(
         for epoch in orders
     ]
     most = max(plan.tokens.shape[0] for epoch in plans for plan in epoch)
-    bucket = max(size // 8, 1) if row_bucket is None else row_bucket
+    bucket = np.lcm(max(size // 8, 1) if row_bucket is None else row_bucket, row_multiple)
     every = pack_rows(context, response, pad_id, eos_id, row_length, keep)
     per_minibatch = [
         [_rows_padded(plan, pad_id, _rounded_up(most, bucket)) for plan in epoch] for epoch in plans
     ]
-    whole = _rows_padded(every, pad_id, _rounded_up(every.tokens.shape[0], max(total // 8, 1)))
+    whole_bucket = np.lcm(max(total // 8, 1), row_multiple)
+    whole = _rows_padded(every, pad_id, _rounded_up(every.tokens.shape[0], whole_bucket))
     return {
         "minibatch_orders": orders,
         **{
@@ -148,7 +159,7 @@ def packed_minibatches(
 
 
 def _rounded_up(rows: int, bucket: int) -> int:
-    return -(-max(rows, 1) // bucket) * bucket
+    return int(-(-max(rows, 1) // bucket) * bucket)
 
 
 def _rows_padded(plan: PackedRows, pad_id: int, rows: int) -> PackedRows:
