@@ -59,7 +59,7 @@ for name, (n, model) in {"one": (1, 1), "data2_model4": (8, 4)}.items():
     )
     check_model_axis_divides(abstract.params, model)
     shardings = state_shardings(mesh, abstract)
-    update = jit_sharded_update(trained.update, mesh, shardings, None, packed, packed)
+    update = jit_sharded_update(trained.update, mesh, shardings, None, False, packed)
     params = trained.init_params(jax.random.PRNGKey(0))
     rollout = make_text_rollout(lm, params, seed=0)
     if packed:  # as the learner packs them: rows split over the data axis, whole messages
