@@ -223,36 +223,51 @@ def test_sac_with_two_learners_trains_from_their_partitions_and_reconciles(run_d
 
 @pytest.mark.slow
 @pytest.mark.parametrize(
-    ("overrides", "extra_env", "message"),
+    ("experiment", "overrides", "extra_env", "message"),
     [
         (
+            "cartpole_ppo",
             [],
             {"AGENTENV_COORDINATOR_HOST": "unreachable.invalid"},
             "learner 1 could not reach the coordinator at unreachable.invalid:",
         ),
         (
+            "cartpole_ppo",
             ["topology.learner_devices=3"],
             {},
             "topology.learner_devices = 3 is not allowed: only 2 local devices are visible",
         ),
         (
+            "cartpole_ppo",
             ["topology.learner_devices=3"],
             {"XLA_FLAGS": "--xla_force_host_platform_device_count=4"},
             "topology.learner_devices = 3 is not allowed: it times 2 learner processes must "
             "divide the batch sizes [8, 256]",
         ),
+        (
+            "arithmetic_ppo",
+            ["algorithm.packed_row_length=20"],
+            {},
+            "algorithm.packed_row_length = 20: packed minibatches are packed by one learner "
+            "process (its devices split the rows), and this run's learner mesh spans several",
+        ),
     ],
-    ids=["unreachable_coordinator", "more_devices_than_a_learner_has", "mesh_not_dividing_batch"],
+    ids=[
+        "unreachable_coordinator",
+        "more_devices_than_a_learner_has",
+        "mesh_not_dividing_batch",
+        "packing_across_learners",
+    ],
 )
 def test_two_learner_start_up_errors_stop_every_rank_with_one_message(
-    run_dir, overrides, extra_env, message
+    run_dir, experiment, overrides, extra_env, message
 ):
     started = time.monotonic()
     proc = run_command(
         _command(
             2,
             4,
-            "cartpole_ppo",
+            experiment,
             *settings(
                 f"run.run_dir={run_dir}",
                 "run.name=refused",

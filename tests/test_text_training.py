@@ -139,7 +139,14 @@ def _mpiexec_train(run_dir, experiment: str, name: str, *overrides: str, ranks: 
     return run_dir / name
 
 
-def _train(run_dir, experiment: str, name: str, *overrides: str, timeout: float = 600):
+def _train(
+    run_dir,
+    experiment: str,
+    name: str,
+    *overrides: str,
+    timeout: float = 600,
+    extra_env: dict[str, str] | None = None,
+):
     """`agentenv train` in one process (the embedded default); the run's folder."""
     proc = run_command(
         agentenv_command(
@@ -151,6 +158,7 @@ def _train(run_dir, experiment: str, name: str, *overrides: str, timeout: float 
         ),
         timeout=timeout,
         cwd=REPO,
+        extra_env=extra_env,
     )
     assert proc.returncode == 0, proc.stderr[-4000:]
     return run_dir / name
@@ -541,30 +549,23 @@ def _assert_start_up_error(run_dir, experiment, overrides, message, extra_env=No
 
 
 @pytest.mark.slow
-def test_packing_on_a_learner_of_two_devices_is_one_start_up_error(run_dir):
-    _assert_start_up_error(
-        run_dir,
-        "arithmetic_ppo",
-        ["algorithm.packed_row_length=20", "topology.learner_devices=2"],
-        "algorithm.packed_row_length = 20: packed minibatches run on one learner device, and "
-        "this learner's mesh has 2",
-        {"XLA_FLAGS": "--xla_force_host_platform_device_count=2"},
-    )
-
-
-@pytest.mark.slow
 def test_a_packed_run_trains_on_rows_of_less_padding_and_reconciles(run_dir):
-    """`algorithm.packed_row_length` through the learner: two updates of 256 messages of 7
-    tokens ("BOS 3+4=" in a context of 8, an answer and EOS) packed two a row of 14, longer
-    than the model's 10 positions (each message counts its own): every message trained once,
-    the padded update's left padding (3 of 10 tokens) gone from the packed rows."""
+    """`algorithm.packed_row_length` through the learner, on a mesh of two host devices that
+    split the packed rows: two updates of 256 messages of 7 tokens ("BOS 3+4=" in a context of
+    8, an answer and EOS) packed two a row of 14, longer than the model's 10 positions (each
+    message counts its own): every message trained once, the padded update's left padding (3
+    of 10 tokens) gone from the packed rows. (Learners of several processes: a start-up
+    error, test_multi_learner.py.)"""
     run = _train(
         run_dir,
         "arithmetic_ppo",
         "packed",
         "algorithm.packed_row_length=14",
         "run.total_env_steps=512",
+        "topology.learner_devices=2",
+        extra_env={"XLA_FLAGS": "--xla_force_host_platform_device_count=2"},
     )
+    assert _summary(run)["topology"].endswith("2 learner device(s)")
     records = _metrics(run)
     assert len(records) == 2
     for record in records:
