@@ -71,8 +71,8 @@ SIDES = {
 }
 RANKS = {"async": 2, "async_partial": 2}  # the others: one process
 MEASURES = ("generation_utilisation", "update_padding_fraction", "packed_padding_fraction")
-# Of the async sides (NaN on the others): the mean age of a trained token in updates, and the
-# answers an update trained whose tokens span parameter versions.
+# Printed for the async sides (0 on the others, which never run ahead): the mean age of a
+# trained token in updates, and the answers an update trained whose tokens span versions.
 LAG_MEASURES = ("policy_lag_mean", "token_lag_mean", "answers_across_versions")
 OFFLINE = {"HF_HUB_OFFLINE": "1"}
 GOAL = 2.0
