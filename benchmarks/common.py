@@ -125,6 +125,18 @@ def save_json(path: Path | None, data: Any) -> None:
         path.write_text(json.dumps(data, indent=1) + "\n")
 
 
+def save_report(args: argparse.Namespace, *packages: str, **fields: Any) -> None:
+    """`--json FILE` of a script's runs: its arguments, `provenance(*packages)`, `fields` and
+    when it finished, written when a file was named."""
+    report = {
+        "args": {k: str(v) for k, v in vars(args).items()},
+        "provenance": provenance(*packages),
+        **fields,
+        "finished_at": time.strftime("%Y-%m-%d %H:%M:%S"),
+    }
+    save_json(args.json, report)
+
+
 # --- jobs -----------------------------------------------------------------------------------
 
 

@@ -34,7 +34,6 @@ import dataclasses
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -173,16 +172,7 @@ def main() -> None:
         f"goal: held-out accuracy +{GOAL_POINTS:.0f} points on every seed, "
         f"each run <= {BUDGET_S // 60} min"
     )
-    common.save_json(
-        args.json,
-        {
-            "args": {k: str(v) for k, v in vars(args).items()},
-            "provenance": common.provenance(),
-            "distinct_questions": sizes,
-            "runs": runs,
-            "finished_at": time.strftime("%Y-%m-%d %H:%M:%S"),
-        },
-    )
+    common.save_report(args, distinct_questions=sizes, runs=runs)
 
 
 if __name__ == "__main__":

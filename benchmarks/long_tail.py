@@ -42,7 +42,6 @@ from __future__ import annotations
 
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -193,15 +192,7 @@ def report(args: Any, results: dict[str, dict[str, Any]]) -> None:
                 f"{r['token_lag_mean']:.2f} updates, {r['answers_across_versions']:.0f} answers an "
                 "update across parameter versions (medians over updates 2..N)"
             )
-    common.save_json(
-        args.json,
-        {
-            "args": {k: str(v) for k, v in vars(args).items()},
-            "provenance": common.provenance(),
-            "results": results,
-            "finished_at": time.strftime("%Y-%m-%d %H:%M:%S"),
-        },
-    )
+    common.save_report(args, results=results)
 
 
 if __name__ == "__main__":

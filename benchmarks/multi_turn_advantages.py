@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import os
 import statistics
-import time
 from pathlib import Path
 from typing import Any
 
@@ -120,15 +119,7 @@ def main() -> None:
             "critic's explained variance per update: "
             + " ".join(f"{v:.2f}" if v is not None else "-" for v in variances)
         )
-    common.save_json(
-        args.json,
-        {
-            "args": {k: str(v) for k, v in vars(args).items()},
-            "provenance": common.provenance(),
-            "results": results,
-            "finished_at": time.strftime("%Y-%m-%d %H:%M:%S"),
-        },
-    )
+    common.save_report(args, results=results)
 
 
 if __name__ == "__main__":

@@ -19,7 +19,6 @@ win-rate points.
 from __future__ import annotations
 
 import os
-import time
 from pathlib import Path
 from typing import Any
 
@@ -105,15 +104,7 @@ def main() -> None:
                 f"{o['draw']:5.2f} | {o['loss']:5.2f} | {o['seat_0']:6.2f} | {o['seat_1']:6.2f}"
             )
         print(f"     gain: {run['gain_points']:+.1f} win-rate points in {run['train_s']:.0f} s")
-    common.save_json(
-        args.json,
-        {
-            "args": {k: str(v) for k, v in vars(args).items()},
-            "provenance": common.provenance("textarena"),
-            "runs": runs,
-            "finished_at": time.strftime("%Y-%m-%d %H:%M:%S"),
-        },
-    )
+    common.save_report(args, "textarena", runs=runs)
 
 
 if __name__ == "__main__":
