@@ -20,7 +20,8 @@ sampling alone on 32 episodes.
 
     python benchmarks/multi_turn_advantages.py                        # 20 updates, ~40 min
     python benchmarks/multi_turn_advantages.py --set run.total_env_steps=256   # 4 updates
-    python benchmarks/multi_turn_advantages.py --config /path/to/tool_arithmetic.yaml
+    python benchmarks/multi_turn_advantages.py --set env.id=agentenv_jax/ToolArithmetic-v0 \
+        --set 'env.kwargs={max_operand: 9, max_turns: 2, response_length: 48}'   # the tool task
 """
 
 from __future__ import annotations
