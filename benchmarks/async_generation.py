@@ -73,7 +73,7 @@ def measure(run_dir: Path) -> dict[str, float]:
     served = json.loads((run_dir / "summary.json").read_text())["central_inference"]
     return {
         "updates": len(timings),
-        "s_per_update": common.median(list(np.diff(timed))),
+        "s_per_update": common.median(common.update_seconds(timings)[SKIPPED_UPDATES - 1 :]),
         "tokens_per_s": tokens / (timed[-1] - timed[0]),
         "queued_s": common.median(queued),
         "idle_s": common.median(idle),

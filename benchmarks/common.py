@@ -304,6 +304,13 @@ def read_jsonl(path: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
+def update_seconds(timings: list[dict[str, Any]]) -> list[float]:
+    """Each update's seconds after the first (which holds the XLA compiles), from a run's
+    `timings.jsonl` records: the differences of their `wall_s`, the end of each update."""
+    ends = [record["wall_s"] for record in timings]
+    return [later - earlier for earlier, later in zip(ends, ends[1:], strict=False)]
+
+
 @contextlib.contextmanager
 def runs_folder(keep_runs: Path | None, prefix: str) -> Iterator[Path]:
     """Where a benchmark's training runs go: `keep_runs` (created if need be, and kept), else a

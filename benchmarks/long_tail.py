@@ -82,12 +82,11 @@ def per_update(run_dir: Path) -> dict[str, Any]:
     its padding measures."""
     timings = common.read_jsonl(run_dir / "timings.jsonl")
     metrics = common.read_jsonl(run_dir / "metrics.jsonl")
-    ends = [t["wall_s"] for t in timings]
-    seconds = [b - a for a, b in zip(ends, ends[1:], strict=False)]
+    seconds = common.update_seconds(timings)
     generated = [m["tokens_generated"] for m in metrics]  # the run's, so far
     later_timings, later_metrics = timings[1:], metrics[1:]
     out: dict[str, Any] = {
-        "first_update_s": ends[0],
+        "first_update_s": timings[0]["wall_s"],
         "update_s": seconds,
         "s_per_update": common.median(seconds),
         "generate_s": common.median([t["time/actor_inference_s"] for t in later_timings]),

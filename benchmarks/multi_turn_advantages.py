@@ -51,10 +51,7 @@ def side_settings(side: str, gae_lambda: float) -> list[str]:
 def summarise(run_dir: Path, train_s: float) -> dict[str, Any]:
     """A side's curve and timings from its run folder."""
     metrics = common.read_jsonl(run_dir / "metrics.jsonl")
-    timings = common.read_jsonl(run_dir / "timings.jsonl")
     returns = [m["episode_return_mean"] for m in metrics]
-    walls = [t["wall_s"] for t in timings]
-    per_update = [later - earlier for earlier, later in zip(walls, walls[1:], strict=False)]
     return {
         "updates": len(metrics),
         "train_s": train_s,
@@ -63,7 +60,9 @@ def summarise(run_dir: Path, train_s: float) -> dict[str, Any]:
         "explained_variance": [m.get("explained_variance") for m in metrics],
         "first5": statistics.fmean(returns[:5]),
         "last5": statistics.fmean(returns[-5:]),
-        "s_per_update": statistics.median(per_update) if per_update else float("nan"),
+        "s_per_update": common.median(
+            common.update_seconds(common.read_jsonl(run_dir / "timings.jsonl"))
+        ),
     }
 
 
@@ -114,12 +113,9 @@ def main() -> None:
                 f"{run['s_per_update']:8.1f} | {run['first5']:7.3f} | {run['last5']:7.3f} | "
                 f"{accuracy if accuracy is None else f'{accuracy:.3f}':>13} | {curve}"
             )
-    if "gae" in results:
-        variances = results["gae"][-1]["explained_variance"]
-        print(
-            "critic's explained variance per update: "
-            + " ".join(f"{v:.2f}" if v is not None else "-" for v in variances)
-        )
+    for run in results.get("gae", []):
+        variances = " ".join("-" if v is None else f"{v:.2f}" for v in run["explained_variance"])
+        print(f"critic's explained variance per update, seed {run['seed']}: {variances}")
     common.save_report(args, results=results)
 
 
