@@ -22,10 +22,13 @@ from agentenv_jax.workflow.evaluation import evaluate
 from conftest import EXPERIMENTS, REPO
 from test_training import assert_reconciles
 
-# Shipped experiments that a learning test trains as shipped and evaluates with
-# `assert_final_checkpoint_plays`: a smoke run would only repeat their start-up (~70 s of
-# SmolLM2 in .ci/run). Each test names the file.
-TRAINED_AS_SHIPPED = {"arithmetic_smollm2.yaml": "tests/test_smollm2_grpo.py"}
+# Shipped experiments that a learning test trains as shipped and evaluates (with
+# `assert_final_checkpoint_plays`, or an evaluation of its own): a smoke run would only repeat
+# their start-up (~50-70 s of SmolLM2 in .ci/run). Each test names the file.
+TRAINED_AS_SHIPPED = {
+    "arithmetic_smollm2.yaml": "tests/test_smollm2_grpo.py",
+    "openenv_sums_smollm2.yaml": "tests/test_smollm2_openenv.py",  # its learning rate raised
+}
 
 
 def turns_setting(config) -> str:
