@@ -223,9 +223,9 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     `slow(longest=True)` before all), each module's tests in their own order.
 
     pytest-xdist's `--dist loadfile --no-loadscope-reorder` (setup.cfg) hands whole modules to
-    its workers in this order as each becomes free: a module of several minutes handed out last would run on alone after the
-    others had finished. The count of slow tests stands in for a module's running time, except
-    for the one test that runs longer than most modules."""
+    its workers in this order as each becomes free: a module of several minutes handed out
+    last would run on alone after the others had finished. The count of slow tests stands in
+    for a module's running time, except for the tests that run longer than most modules."""
     slow: dict[str, int] = {}
     longest: set[str] = set()
     for item in items:
