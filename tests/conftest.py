@@ -222,10 +222,12 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Modules with the most slow tests first (a module holding a test marked
     `slow(longest=True)` before all), each module's tests in their own order.
 
-    pytest-xdist's `--dist loadfile --no-loadscope-reorder` (setup.cfg) hands whole modules to
-    its workers in this order as each becomes free: a module of several minutes handed out
-    last would run on alone after the others had finished. The count of slow tests stands in
-    for a module's running time, except for the tests that run longer than most modules."""
+    pytest-xdist's `--dist loadfile` hands whole modules to its workers as each becomes free,
+    those with the most tests first (its default reordering, stable): this order decides
+    among modules with as many tests, and everywhere under `--no-loadscope-reorder`. A module
+    of several minutes handed out last would run on alone after the others had finished. The
+    count of slow tests stands in for a module's running time, except for the tests that run
+    longer than most modules (docs/development.md: why the reordering stays on)."""
     slow: dict[str, int] = {}
     longest: set[str] = set()
     for item in items:
