@@ -1,7 +1,7 @@
 """GRPO with LoRA on the pretrained SmolLM2-135M-Instruct, as a user runs the shipped
-experiment: the reward of its training prompts rises. The longest test of the suite (8 min
-beside .ci/run's other workers), in a module of its own so that it runs beside the other text
-tests rather than after them."""
+experiment: the reward of its training prompts rises. One of the two longest tests of the
+suite (3 min in .ci/run, 8 Dec 2026), in a module of its own so that it runs beside the other
+text tests rather than after them."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ SMOLLM2_UPDATES = 10
 SMOLLM2_REWARD_GAIN = 0.12  # the last 5 updates' mean reward over the first 5's
 
 
-@pytest.mark.slow(longest=True)  # its module starts first: conftest.py
+@pytest.mark.slow(longest=True)  # conftest.py sorts its module first
 @pytest.mark.timeout(1800)  # 4 min alone; 8 beside .ci/run's other workers on 2 cores (3 Dec)
 def test_grpo_on_smollm2_raises_the_reward_of_its_training_prompts(run_dir):
     """The shipped SmolLM2 experiment as a user runs it (GGUF weights and tokenizer from the

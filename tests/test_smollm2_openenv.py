@@ -1,7 +1,7 @@
 """GRPO across turns with LoRA on the pretrained SmolLM2-135M-Instruct, on the shipped OpenEnv
 experiment: after a short run its policy scores a higher mean return than the untrained model,
-on the same questions sampled with the same keys. A module of its own, started first beside
-test_smollm2_grpo.py (conftest.py), as it runs for minutes."""
+on the same questions sampled with the same keys. A module of its own, as it runs for
+minutes (6.5 in .ci/run), so that other modules run beside it."""
 
 from __future__ import annotations
 
@@ -29,7 +29,7 @@ EVAL_EPISODES = 256
 OPENENV_RETURN_GAIN = 0.1  # the trained policy's mean return over the untrained model's
 
 
-@pytest.mark.slow(longest=True)  # its module starts first: conftest.py
+@pytest.mark.slow(longest=True)  # conftest.py sorts its module first
 @pytest.mark.timeout(1800)  # 10 min beside a training run on 2 cores (8 Dec)
 def test_grpo_across_turns_on_smollm2_raises_the_openenv_experiments_return(run_dir):
     """The shipped OpenEnv experiment as a user runs it (the `SumsEnvironment` in process
