@@ -17,14 +17,14 @@ from agentenv_jax.envs.multi_agent.registry import is_multi_agent, make_multi_ag
 from agentenv_jax.envs.text.registry import is_text_env, make_text_vector_env, text_env_seats
 from agentenv_jax.metrics.logger import read_metrics
 from agentenv_jax.runtime.launch import train
-from agentenv_jax.workflow.evaluation import evaluate
+from agentenv_jax.workflow.evaluation import Evaluation, evaluate
 
 from conftest import EXPERIMENTS, REPO
 from test_training import assert_reconciles
 
-# Shipped experiments that a learning test trains as shipped and evaluates (with
-# `assert_final_checkpoint_plays`, or an evaluation of its own): a smoke run would only repeat
-# their start-up (~50-70 s of SmolLM2 in .ci/run). Each test names the file.
+# Shipped experiments that a learning test trains as shipped and evaluates with
+# `assert_final_checkpoint_plays`: a smoke run would only repeat their start-up (~50-70 s of
+# SmolLM2 in .ci/run). Each test names the file.
 TRAINED_AS_SHIPPED = {
     "arithmetic_smollm2.yaml": "tests/test_smollm2_grpo.py",
     "openenv_sums_smollm2.yaml": "tests/test_smollm2_openenv.py",  # its learning rate raised
@@ -116,13 +116,16 @@ def run_smoke(path: Path, run_dir: Path) -> None:
     assert_final_checkpoint_plays(result.run_dir, result.updates)
 
 
-def assert_final_checkpoint_plays(run_dir: Path, updates: int) -> None:
-    """The final checkpoint (of `updates`) of the run in `run_dir` plays two episodes, which
-    end where the env's time limit says, at most."""
+def assert_final_checkpoint_plays(
+    run_dir: Path, updates: int, episodes: int = 2, deterministic: bool = True
+) -> Evaluation:
+    """The final checkpoint (of `updates`) of the run in `run_dir` plays `episodes` episodes
+    (`agentenv eval`, `--sample` unless `deterministic`), which end where the env's time limit
+    says, at most; their evaluation."""
     config = load_config(run_dir / "config.yaml")
     seats = text_env_seats(config.env.id) if is_text_env(config.env.id) else 1
-    evaluation = evaluate(run_dir, episodes=2)
-    assert evaluation.checkpoint == updates and len(evaluation.returns) == 2
+    evaluation = evaluate(run_dir, episodes=episodes, deterministic=deterministic)
+    assert evaluation.checkpoint == updates and len(evaluation.returns) == episodes
     if is_multi_agent(config.env.id):  # lengths in env steps, up to the env's horizon
         env = make_multi_agent_env(config.env.id, 1, config.env.kwargs, None)
         limit = env.max_episode_steps
@@ -141,3 +144,4 @@ def assert_final_checkpoint_plays(run_dir: Path, updates: int) -> None:
     assert all(math.isfinite(r) for r in evaluation.returns)
     if config.env.id == "CartPole-v1":  # one update: far from holding the pole up
         assert evaluation.mean < 200
+    return evaluation

@@ -12,8 +12,9 @@ import pytest
 from test_text_training import _assert_reconciles, _metrics, _summary, _train
 
 from agentenv_jax.config.loading import load_config
-from agentenv_jax.workflow.evaluation import evaluate
 from agentenv_jax.workflow.text_dialogues import sample_dialogues
+
+from experiment_smoke import assert_final_checkpoint_plays
 
 # `experiments/openenv_sums_smollm2.yaml` (a sum of two one-digit numbers, a second attempt after
 # a wrong answer: return 1 right at the first, 0.5 at the second), one process, seed 0, for
@@ -34,7 +35,8 @@ OPENENV_RETURN_GAIN = 0.1  # the trained policy's mean return over the untrained
 def test_grpo_across_turns_on_smollm2_raises_the_openenv_experiments_return(run_dir):
     """The shipped OpenEnv experiment as a user runs it (the `SumsEnvironment` in process
     through the OpenEnv adapter, GGUF weights, LoRA, groups of whole episodes), its learning
-    rate raised for a short run; its final checkpoint evaluated, as its smoke run would."""
+    rate raised for a short run; its final checkpoint evaluated as its smoke run would, on
+    EVAL_EPISODES sampled episodes."""
     episodes = 32  # per update: 16 envs x 2 rounds of episodes of up to 2 messages
     run = _train(
         run_dir,
@@ -55,9 +57,7 @@ def test_grpo_across_turns_on_smollm2_raises_the_openenv_experiments_return(run_
         assert summary[accounting]["reconciles"], summary[accounting]
     assert summary["episode_accounting"]["trained"] == OPENENV_UPDATES * episodes
 
-    trained = evaluate(run, episodes=EVAL_EPISODES, deterministic=False)
-    assert trained.checkpoint == OPENENV_UPDATES
-    assert all(1 <= n <= 2 for n in trained.lengths)  # the env's two attempts at most
+    trained = assert_final_checkpoint_plays(run, OPENENV_UPDATES, EVAL_EPISODES, False)
     untrained = sample_dialogues(load_config(run / "config.yaml"), num_episodes=EVAL_EPISODES)
     before, after = np.mean(untrained.returns), np.mean(trained.returns)
     assert after >= before + OPENENV_RETURN_GAIN, f"untrained {before:.3f}, trained {after:.3f}"
